@@ -1,0 +1,46 @@
+// Completion signals between ranks: the 64-bit signal word and the proxy inbox slot.
+// Layer: runtime/protocol.
+//
+// Producer/consumer and memory order:
+//  - Same-host (or self) senders write data, then publish the signal word with a release store (st.release.sys
+//    on the GPU, __atomic_store_n(RELEASE) on the CPU). The receiver polls with an acquire load.
+//  - Remote senders never write the signal word. Their proxy writes an InboxSlot with remote CQ data; the
+//    receiving proxy publishes InboxSlot::signal_word into the signal word with a release store only after it
+//    counted InboxSlot::num_data_writes data completions (proxy/arrival_counter.h). Data landing is not a signal.
+//
+// The word carries the call sequence number, so a half never needs zeroing between uses: a receiver waiting
+// for call `seq` ignores words from older calls and reports an overrun if it sees a newer one.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/protocol/hd.h"
+
+namespace llep::protocol {
+
+inline constexpr uint32_t kSignalVersion = 1;
+
+// Signal word: [63:32] call sequence number (never 0 for a real call), [31:0] value. Dispatch: token messages
+// sent by that source. Combine: rows sent by that source. Zero-initialised memory therefore reads "nothing yet".
+LLEP_HD constexpr uint64_t PackSignal(uint32_t seq, uint32_t value) { return (uint64_t{seq} << 32) | value; }
+LLEP_HD constexpr uint32_t SignalSeq(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+LLEP_HD constexpr uint32_t SignalValue(uint64_t word) { return static_cast<uint32_t>(word); }
+
+/// True when `observed` is from a call after `expected` (modular, so sequence wrap-around is harmless). A
+/// receiver that sees this lost its message to a later call: more operations were in flight than allowed.
+LLEP_HD constexpr bool SignalIsNewer(uint32_t observed, uint32_t expected) {
+  return observed != expected && static_cast<uint32_t>(observed - expected) < (1u << 31);
+}
+
+/// The half a call uses: calls alternate between the two halves of the double-buffered region.
+LLEP_HD constexpr int HalfOfSeq(uint32_t seq) { return static_cast<int>(seq & 1u); }
+
+/// What a remote sender's proxy writes into the receiver's inbox (16 bytes, one RDMA write with CQ data).
+struct alignas(16) InboxSlot {
+  uint64_t signal_word;      ///< PackSignal(seq, value) to publish once all data arrived.
+  uint32_t num_data_writes;  ///< Data writes (with data immediates) the sender posted before this slot.
+  uint32_t version;          ///< kSignalVersion.
+};
+static_assert(sizeof(InboxSlot) == 16, "one 16-byte RDMA write must carry the whole slot");
+
+}  // namespace llep::protocol
