@@ -1,0 +1,288 @@
+#include "kernels/host/ll_host.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/codec/fp8.h"
+#include "runtime/protocol/dispatch_msg.h"
+#include "runtime/protocol/signal.h"
+
+namespace llep::kernels {
+namespace {
+
+using protocol::LlOp;
+
+void StoreSignalRelease(uint8_t* base, int64_t offset, uint64_t word) {
+  // Pairs with the acquire load in runtime/cpu_buffer.cc WaitForSignals(): data copied above is visible first.
+  __atomic_store_n(reinterpret_cast<uint64_t*>(base + offset), word, __ATOMIC_RELEASE);
+}
+
+bool PushWrite(const HostPeer& peer, LlOp op, int half, int dst, int64_t local_off, int64_t remote_off,
+               int64_t bytes) {
+  return protocol::FifoPush(*peer.fifo, protocol::MakeWriteCmd(op, half, dst, static_cast<uint64_t>(local_off),
+                                                               static_cast<uint64_t>(remote_off),
+                                                               static_cast<uint64_t>(bytes)));
+}
+
+bool PushSignal(const HostPeer& peer, LlOp op, int half, int dst, uint64_t word) {
+  return protocol::FifoPush(*peer.fifo, protocol::MakeSignalCmd(op, half, dst, word));
+}
+
+}  // namespace
+
+void EncodeDispatchPayload(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload) {
+  if (!mode.use_fp8) {
+    std::memcpy(payload, x, static_cast<size_t>(hidden) * 2);
+    return;
+  }
+  float* scales = reinterpret_cast<float*>(payload + protocol::Fp8ScalesOffset(hidden));
+  for (int g = 0; g < hidden / protocol::kChannelsPerScale; ++g) {
+    const uint16_t* xg = x + g * protocol::kChannelsPerScale;
+    float amax = 0.0f;
+    for (int c = 0; c < protocol::kChannelsPerScale; ++c) amax = fmaxf(amax, fabsf(Bf16ToFloat(xg[c])));
+    const Fp8Scale s = ComputeFp8Scale(amax, mode.round_scale);
+    uint8_t* codes = payload + g * protocol::kChannelsPerScale;
+    for (int c = 0; c < protocol::kChannelsPerScale; ++c) codes[c] = FloatToE4m3(Bf16ToFloat(xg[c]) * s.scale);
+    scales[g] = s.scale_inv;
+  }
+}
+
+bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
+  const protocol::LlLayout& L = ctx.layout;
+  const RoutePlan& plan = *a.plan;
+  const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
+  const int E_loc = L.shape.num_local_experts();
+  const bool fp8 = a.mode.use_fp8;
+  const int64_t payload_bytes = protocol::DispatchPayloadBytes(H, fp8);
+  const int64_t stride = protocol::DispatchPayloadStride(H, fp8);
+
+  // 1. Stage each routed token's payload once; every destination reads the same bytes.
+  for (int t = 0; t < plan.num_tokens; ++t) {
+    bool routed = false;
+    for (int d = 0; d < R && !routed; ++d) routed = plan.slot[static_cast<size_t>(t) * R + d] >= 0;
+    if (routed) {
+      EncodeDispatchPayload(a.x + static_cast<size_t>(t) * H, H, a.mode,
+                            ctx.local_base + L.DispatchPayloadOffset(half, t, fp8));
+    }
+  }
+  // 2. Route blocks: per destination, counts per local expert, then one header per token in slot order.
+  for (int d = 0; d < R; ++d) {
+    const int64_t blk = L.RouteSendOffset(half, d);
+    auto* counts = reinterpret_cast<uint32_t*>(ctx.local_base + blk);
+    std::memset(counts, 0, static_cast<size_t>(protocol::RouteCountsBytes(L.shape)));
+    for (int le = 0; le < E_loc; ++le) counts[le] = static_cast<uint32_t>(plan.counts[static_cast<size_t>(d) * E_loc + le]);
+  }
+  for (int t = 0; t < plan.num_tokens; ++t) {
+    for (int d = 0; d < R; ++d) {
+      const int32_t j = plan.slot[static_cast<size_t>(t) * R + d];
+      if (j < 0) continue;
+      auto* h = reinterpret_cast<protocol::DispatchTokenHeader*>(ctx.local_base +
+                                                                 L.RouteHeaderOffset(L.RouteSendOffset(half, d), j));
+      std::memset(h, 0, sizeof(*h));
+      h->src_token_idx = t;
+      h->version = protocol::kDispatchMsgVersion;
+      h->seq = a.seq;
+      h->flags = fp8 ? protocol::kMsgFlagFp8 : 0;
+      for (int k = 0; k < plan.num_topk; ++k) {
+        const RouteEntry& e = plan.at(t, k);
+        if (e.dst_rank != d) continue;
+        h->sel[h->num_sel++] = protocol::PackSelection(static_cast<uint32_t>(e.local_expert),
+                                                       static_cast<uint32_t>(e.row_in_block));
+      }
+    }
+  }
+  // 3. Deliver: route block, payloads (coalesced into runs of consecutive tokens and slots), then the signal.
+  for (int d = 0; d < R; ++d) {
+    const HostPeer& peer = ctx.peers[d];
+    const int n = plan.tokens_per_dst[d];
+    const int64_t route_bytes = protocol::RouteBlockUsedBytes(L.shape, n);
+    const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(n));
+    if (peer.direct_base != nullptr) {
+      std::memcpy(peer.direct_base + L.RouteRecvOffset(half, ctx.rank), ctx.local_base + L.RouteSendOffset(half, d),
+                  static_cast<size_t>(route_bytes));
+      for (int t = 0; t < plan.num_tokens; ++t) {
+        const int32_t j = plan.slot[static_cast<size_t>(t) * R + d];
+        if (j < 0) continue;
+        std::memcpy(peer.direct_base + L.DispatchRecvOffset(half, ctx.rank, j, fp8),
+                    ctx.local_base + L.DispatchPayloadOffset(half, t, fp8), static_cast<size_t>(payload_bytes));
+      }
+      StoreSignalRelease(peer.direct_base, L.SignalOffset(half, LlOp::kDispatch, ctx.rank), signal);
+      continue;
+    }
+    if (!PushWrite(peer, LlOp::kDispatch, half, d, L.RouteSendOffset(half, d), L.RouteRecvOffset(half, ctx.rank),
+                   route_bytes)) {
+      return false;
+    }
+    int run_t = -1, run_j = -1, run_len = 0;
+    auto flush = [&]() {
+      if (run_len == 0) return true;
+      const bool ok = PushWrite(peer, LlOp::kDispatch, half, d, L.DispatchPayloadOffset(half, run_t, fp8),
+                                L.DispatchRecvOffset(half, ctx.rank, run_j, fp8), run_len * stride);
+      run_len = 0;
+      return ok;
+    };
+    for (int t = 0; t < plan.num_tokens; ++t) {
+      const int32_t j = plan.slot[static_cast<size_t>(t) * R + d];
+      if (j < 0) continue;
+      if (run_len > 0 && t == run_t + run_len && j == run_j + run_len) {
+        ++run_len;
+        continue;
+      }
+      if (!flush()) return false;
+      run_t = t, run_j = j, run_len = 1;
+    }
+    if (!flush() || !PushSignal(peer, LlOp::kDispatch, half, d, signal)) return false;
+  }
+  return true;
+}
+
+std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs& a) {
+  const protocol::LlLayout& L = ctx.layout;
+  const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
+  const int T = L.shape.max_tokens_per_rank, E_loc = L.shape.num_local_experts();
+  const int64_t rows = L.shape.max_recv_rows();
+  const bool fp8 = a.mode.use_fp8;
+  const int num_scales = L.shape.num_scales(), num_packed = L.shape.num_packed_ue8m0();
+
+  // Counts and block starts: blocks of one expert are ordered by source rank.
+  std::vector<uint32_t> cnt(static_cast<size_t>(R) * E_loc);
+  std::vector<int64_t> begin(static_cast<size_t>(R) * E_loc);
+  for (int src = 0; src < R; ++src) {
+    if (a.tokens_from_src[src] > static_cast<uint32_t>(T)) {
+      return "source rank " + std::to_string(src) + " announced " + std::to_string(a.tokens_from_src[src]) +
+             " tokens, more than T=" + std::to_string(T);
+    }
+    const auto* c = reinterpret_cast<const uint32_t*>(ctx.local_base + L.RouteRecvOffset(half, src));
+    for (int le = 0; le < E_loc; ++le) {
+      if (c[le] > static_cast<uint32_t>(T)) return "source rank " + std::to_string(src) + " announced a count over T";
+      cnt[static_cast<size_t>(src) * E_loc + le] = c[le];
+    }
+  }
+  for (int le = 0; le < E_loc; ++le) {
+    int64_t acc = 0;
+    for (int src = 0; src < R; ++src) {
+      const uint32_t c = cnt[static_cast<size_t>(src) * E_loc + le];
+      begin[static_cast<size_t>(src) * E_loc + le] = acc;
+      a.layout_range[static_cast<size_t>(le) * R + src] = static_cast<int64_t>(c) | (acc << 32);
+      acc += c;
+    }
+    a.recv_count[le] = static_cast<int32_t>(acc);
+    if (a.cumulative_local_expert_recv_stats != nullptr) a.cumulative_local_expert_recv_stats[le] += static_cast<int32_t>(acc);
+  }
+
+  std::vector<uint32_t> seen(static_cast<size_t>(R) * E_loc, 0);
+  for (int src = 0; src < R; ++src) {
+    const int64_t blk = L.RouteRecvOffset(half, src);
+    for (uint32_t j = 0; j < a.tokens_from_src[src]; ++j) {
+      const auto* h = reinterpret_cast<const protocol::DispatchTokenHeader*>(
+          ctx.local_base + L.RouteHeaderOffset(blk, static_cast<int>(j)));
+      const std::string where = "message " + std::to_string(j) + " from rank " + std::to_string(src);
+      if (h->version != protocol::kDispatchMsgVersion) return where + ": bad header version";
+      if (h->seq != a.seq) {
+        return where + ": sequence " + std::to_string(h->seq) + " != " + std::to_string(a.seq) +
+               " (slot overwritten: more low-latency calls in flight than allowed)";
+      }
+      if (((h->flags & protocol::kMsgFlagFp8) != 0) != fp8) return where + ": ranks disagree on use_fp8";
+      if (h->num_sel == 0 || h->num_sel > protocol::kMaxTopK) return where + ": bad selection count";
+      if (h->src_token_idx < 0 || h->src_token_idx >= T) return where + ": token index out of range";
+      const uint8_t* payload = ctx.local_base + L.DispatchRecvOffset(half, src, static_cast<int>(j), fp8);
+      for (int i = 0; i < h->num_sel; ++i) {
+        const uint32_t le = protocol::SelectionExpert(h->sel[i]), r = protocol::SelectionRow(h->sel[i]);
+        if (le >= static_cast<uint32_t>(E_loc) || r >= cnt[static_cast<size_t>(src) * E_loc + le]) {
+          return where + ": selection outside the announced counts";
+        }
+        ++seen[static_cast<size_t>(src) * E_loc + le];
+        const int64_t row = begin[static_cast<size_t>(src) * E_loc + le] + r;
+        a.src_info[le * rows + row] = h->src_token_idx;
+        if (!fp8) {
+          std::memcpy(static_cast<uint16_t*>(a.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H) * 2);
+          continue;
+        }
+        std::memcpy(static_cast<uint8_t*>(a.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H));
+        const auto* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
+        if (a.mode.use_ue8m0) {
+          // int32 [E_loc, H/512, R*T]: byte g%4 (little-endian) of word (le, g/4, row) is group g's exponent.
+          auto* packed = static_cast<uint8_t*>(a.recv_scales);
+          for (int g = 0; g < num_scales; ++g) {
+            packed[((le * num_packed + g / 4) * rows + row) * 4 + g % 4] = Ue8m0FromScaleInv(scales[g]);
+          }
+        } else {
+          auto* out = static_cast<float*>(a.recv_scales);
+          for (int g = 0; g < num_scales; ++g) out[(le * num_scales + g) * rows + row] = scales[g];
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] != cnt[i]) {
+      return "rank " + std::to_string(i / E_loc) + " announced " + std::to_string(cnt[i]) + " tokens for local expert " +
+             std::to_string(i % E_loc) + " but sent " + std::to_string(seen[i]);
+    }
+  }
+  return "";
+}
+
+bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
+  const protocol::LlLayout& L = ctx.layout;
+  const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
+  const int E_loc = L.shape.num_local_experts();
+  const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
+  for (int d = 0; d < R; ++d) {
+    const HostPeer& peer = ctx.peers[d];
+    int64_t pos = 0;
+    for (int le = 0; le < E_loc; ++le) {
+      const int64_t lr = a.layout_range[static_cast<size_t>(le) * R + d];
+      const int64_t c = lr & 0xFFFFFFFF, b = lr >> 32;
+      if (c == 0) continue;
+      for (int64_t i = 0; i < c; ++i) {
+        const uint8_t* src_row = a.x != nullptr
+                                     ? reinterpret_cast<const uint8_t*>(a.x + (le * rows + b + i) * H)
+                                     : ctx.local_base + L.CombineSendOffset(half, le, b + i);
+        if (peer.direct_base != nullptr) {
+          std::memcpy(peer.direct_base + L.CombineRecvOffset(half, ctx.rank, pos + i), src_row,
+                      static_cast<size_t>(row_bytes));
+        } else if (a.x != nullptr) {
+          std::memcpy(ctx.local_base + L.CombineSendOffset(half, le, b + i), src_row, static_cast<size_t>(row_bytes));
+        }
+      }
+      // Staging rows and receive slots share CombineRowStride, so one (expert, home rank) block is one write.
+      if (peer.direct_base == nullptr &&
+          !PushWrite(peer, LlOp::kCombine, half, d, L.CombineSendOffset(half, le, b),
+                     L.CombineRecvOffset(half, ctx.rank, pos), (c - 1) * L.combine_stride + row_bytes)) {
+        return false;
+      }
+      pos += c;
+    }
+    const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(pos));
+    if (peer.direct_base != nullptr) {
+      StoreSignalRelease(peer.direct_base, L.SignalOffset(half, LlOp::kCombine, ctx.rank), signal);
+    } else if (!PushSignal(peer, LlOp::kCombine, half, d, signal)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a) {
+  const protocol::LlLayout& L = ctx.layout;
+  const int half = protocol::HalfOfSeq(a.seq), H = L.shape.hidden;
+  const RoutePlan& plan = *a.plan;
+  std::vector<float> acc(static_cast<size_t>(H));
+  for (int t = 0; t < plan.num_tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int k = 0; k < plan.num_topk; ++k) {
+      const RouteEntry& e = plan.at(t, k);
+      if (e.dst_rank < 0) continue;
+      const float w = a.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
+      const auto* row = reinterpret_cast<const uint16_t*>(ctx.local_base + L.CombineRecvOffset(half, e.dst_rank, e.pos));
+      // fmaf, not a*b+c: a fused multiply-add is what the GPU emits, so both backends round identically.
+      for (int c = 0; c < H; ++c) acc[c] = std::fmaf(Bf16ToFloat(row[c]), w, acc[c]);
+    }
+    uint16_t* out = a.out + static_cast<size_t>(t) * H;
+    for (int c = 0; c < H; ++c) out[c] = FloatToBf16(acc[c]);
+  }
+}
+
+}  // namespace llep::kernels

@@ -1,0 +1,84 @@
+// The low-latency dispatch and combine phases on CPU threads: the CPU backend and the oracle for GPU tests.
+// Layer: kernels/host (depends on runtime/protocol and kernels/codec only). Called by runtime/cpu_buffer.cc on
+// the caller's thread. Send and receive phases are separate functions, mirroring the two launches of the
+// CUDA kernels (receive hooks). Waiting for signals is the caller's job; these functions never block, except
+// FifoPush when a proxy ring is full.
+//
+// Peers are reached either directly (their region is mapped in this process: self today, CUDA IPC later), with
+// data copies followed by a release store of the signal word, or through a proxy ring: one kWrite command per
+// contiguous run of bytes, then one kSignal command (proxy/proxy.cc turns them into RDMA writes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/host/route_plan.h"
+#include "runtime/protocol/fifo_ring.h"
+#include "runtime/protocol/ll_layout.h"
+
+namespace llep::kernels {
+
+/// How this rank reaches one peer.
+struct HostPeer {
+  uint8_t* direct_base = nullptr;                  ///< Peer's region mapped into this process, or null.
+  const protocol::FifoRingHandle* fifo = nullptr;  ///< Proxy ring used when direct_base is null.
+};
+
+struct HostRankContext {
+  protocol::LlLayout layout;
+  int rank = 0;
+  uint8_t* local_base = nullptr;  ///< This rank's LL region.
+  const HostPeer* peers = nullptr;  ///< [num_ranks]
+};
+
+struct DispatchSendArgs {
+  const uint16_t* x = nullptr;  ///< bf16 [num_tokens, H], row-major.
+  const RoutePlan* plan = nullptr;
+  protocol::DispatchMode mode;
+  uint32_t seq = 0;  ///< Call sequence number; picks the half.
+};
+
+/// Quantises each routed token once, builds the route blocks and delivers both to every destination.
+/// Returns false only if a ring push was aborted (proxy failure); the caller reports the proxy's error.
+bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a);
+
+struct DispatchRecvArgs {
+  protocol::DispatchMode mode;
+  uint32_t seq = 0;
+  const uint32_t* tokens_from_src = nullptr;  ///< [R] value of each source's signal word.
+  void* recv_x = nullptr;          ///< fp8: uint8 [E_loc, R*T, H]; bf16: uint16 [E_loc, R*T, H]
+  void* recv_scales = nullptr;     ///< fp8: float [E_loc, H/128, R*T]; ue8m0: int32 [E_loc, H/512, R*T]
+  int32_t* recv_count = nullptr;   ///< [E_loc]
+  int32_t* src_info = nullptr;     ///< [E_loc, R*T]
+  int64_t* layout_range = nullptr; ///< [E_loc, R]: count | begin << 32
+  int32_t* cumulative_local_expert_recv_stats = nullptr;  ///< optional [E_loc], accumulated
+};
+
+/// Unpacks all sources' messages (their signals must have been observed) into the packed layout:
+/// blocks ordered by source, rows in source-token order, so the result is deterministic.
+/// Returns an empty string on success, else a description of the inconsistent message.
+std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs& a);
+
+struct CombineSendArgs {
+  const uint16_t* x = nullptr;  ///< bf16 [E_loc, R*T, H]; null = zero-copy: rows already in c_send of this half.
+  const int64_t* layout_range = nullptr;  ///< [E_loc, R] from the dispatch handle (validated by the caller).
+  uint32_t seq = 0;
+};
+
+/// Returns each valid row to its home rank at the position route_plan.h defines. False only if aborted.
+bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a);
+
+struct CombineRecvArgs {
+  const RoutePlan* plan = nullptr;
+  const float* topk_weights = nullptr;  ///< [num_tokens, K]
+  uint32_t seq = 0;
+  uint16_t* out = nullptr;  ///< bf16 [num_tokens, H]
+};
+
+/// out[t] = bf16(sum_k w[t][k] * row(t, k)) accumulated with fmaf in fp32 in top-k order, -1 slots skipped.
+void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a);
+
+/// Encodes one bf16 token into a dispatch payload (FP8 + scales, or BF16): the reference codec.
+void EncodeDispatchPayload(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload);
+
+}  // namespace llep::kernels
