@@ -1,0 +1,239 @@
+#include "proxy/proxy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proxy/arrival_counter.h"
+#include "proxy/batch.h"
+#include "proxy/fifo_consumer.h"
+#include "runtime/protocol/imm.h"
+#include "runtime/protocol/signal.h"
+
+namespace llep::proxy {
+
+using protocol::FifoCmd;
+using protocol::FifoCmdFields;
+using protocol::FifoOpcode;
+using protocol::LlOp;
+
+namespace {
+// Cookies: 0 for data writes, kOutboxCookie + slot index for signal writes (their outbox slot is busy until the
+// write completes and must not be restaged before).
+constexpr uint64_t kDataCookie = 0;
+constexpr uint64_t kOutboxCookie = 1;
+
+size_t KeyIndex(LlOp op, int half, int peer, int num_ranks) {
+  return (static_cast<size_t>(op) * protocol::kNumHalves + half) * num_ranks + peer;
+}
+}  // namespace
+
+struct Proxy::Thread {
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<ArrivalCounter> counter;
+  // Ring memory: the ring itself plus head/tail/tail_cache on separate cache lines (no false sharing between
+  // producers' claims and the consumer's tail updates).
+  std::unique_ptr<FifoCmd[]> ring;
+  alignas(64) uint64_t head = 0;
+  alignas(64) uint64_t tail = 0;
+  alignas(64) uint64_t tail_cache = 0;
+  protocol::FifoRingHandle handle{};
+  std::unique_ptr<FifoConsumer> consumer;
+  std::vector<FifoCmd> batch;
+  std::vector<FifoCmdFields> fields;
+  std::vector<uint32_t> writes_since_signal;  // [op][half][dst]
+  std::vector<uint8_t> outbox_busy;           // [op][half][dst]
+  std::vector<Completion> completions;
+  std::thread thread;
+  std::atomic<uint64_t> commands{0}, writes_posted{0}, bytes_posted{0}, immediates{0};
+};
+
+Proxy::Proxy(const protocol::LlLayout& layout, int rank, uint8_t* region, const ProxyOptions& options)
+    : layout_(layout), rank_(rank), region_(region), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
+                                                     std::vector<std::unique_ptr<Transport>> transports,
+                                                     const ProxyOptions& options) {
+  if (transports.empty()) return absl::InvalidArgumentError("a proxy needs at least one transport");
+  if (options.fifo_entries < 2 || (options.fifo_entries & (options.fifo_entries - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("fifo_entries must be a power of two >= 2, got ", options.fifo_entries));
+  }
+  std::unique_ptr<Proxy> p(new Proxy(layout, rank, region, options));
+  const size_t keys = static_cast<size_t>(protocol::kNumLlOps) * protocol::kNumHalves * layout.shape.num_ranks;
+  for (auto& tr : transports) {
+    auto t = std::make_unique<Thread>();
+    t->transport = std::move(tr);
+    t->counter = std::make_unique<ArrivalCounter>(layout, region);
+    t->ring.reset(new FifoCmd[options.fifo_entries]());
+    t->handle = protocol::FifoRingHandle{t->ring.get(), &t->head, &t->tail, &t->tail_cache, &p->abort_flag_,
+                                         options.fifo_entries};
+    t->consumer = std::make_unique<FifoConsumer>(t->handle);
+    t->batch.resize(options.max_batch);
+    t->fields.resize(options.max_batch);
+    t->writes_since_signal.assign(keys, 0);
+    t->outbox_busy.assign(keys, 0);
+    t->completions.resize(64);
+    p->threads_.push_back(std::move(t));
+  }
+  for (auto& t : p->threads_) {
+    Thread* raw = t.get();
+    t->thread = std::thread([p = p.get(), raw] { p->Run(raw); });
+  }
+  return p;
+}
+
+Proxy::~Proxy() {
+  stop_.store(true, std::memory_order_release);
+  for (auto& t : threads_) {
+    if (t->thread.joinable()) t->thread.join();
+  }
+}
+
+const protocol::FifoRingHandle& Proxy::ring(int i) const { return threads_[i]->handle; }
+
+absl::Status Proxy::status() const {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
+}
+
+void Proxy::Abort(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (first_error_.ok()) first_error_ = why;
+  }
+  __atomic_store_n(&abort_flag_, 1, __ATOMIC_RELEASE);
+}
+
+ProxyStats Proxy::stats() const {
+  ProxyStats s;
+  for (const auto& t : threads_) {
+    s.commands += t->commands.load(std::memory_order_relaxed);
+    s.writes_posted += t->writes_posted.load(std::memory_order_relaxed);
+    s.bytes_posted += t->bytes_posted.load(std::memory_order_relaxed);
+    s.immediates += t->immediates.load(std::memory_order_relaxed);
+  }
+  return s;
+}
+
+void Proxy::Run(Thread* t) {
+  int idle = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool did_work = false;
+    absl::Status s = Sweep(t, &did_work);
+    if (!s.ok()) {
+      // Never exit the loop on error: record it, wake producers and receivers, keep draining completions so
+      // peers that still progress through us (manual-progress providers) are not stalled.
+      Abort(absl::Status(s.code(), absl::StrCat("proxy thread (", t->transport->Name(), "): ", s.message())));
+    }
+    if (did_work) {
+      idle = 0;
+    } else if (++idle > options_.spin_before_sleep) {
+      std::this_thread::sleep_for(std::chrono::microseconds(options_.idle_sleep_us));
+    } else if (idle % 64 == 0) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+absl::Status Proxy::Sweep(Thread* t, bool* did_work) {
+  if (__atomic_load_n(&abort_flag_, __ATOMIC_ACQUIRE) == 0) {
+    const int n = t->consumer->Poll(t->batch.data(), static_cast<int>(t->batch.size()));
+    if (n > 0) {
+      *did_work = true;
+      t->commands.fetch_add(n, std::memory_order_relaxed);
+      auto s = PostBatch(t, n);
+      if (!s.ok()) return s;
+    }
+  }
+  return Progress(t, did_work);
+}
+
+absl::Status Proxy::PostBatch(Thread* t, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (!protocol::DecodeCmd(t->batch[i], &t->fields[i])) {
+      return absl::DataLossError(absl::StrCat("malformed FIFO command w1=0x", absl::Hex(t->batch[i].w1)));
+    }
+    const int dst = t->fields[i].dst_rank;
+    if (dst >= layout_.shape.num_ranks || dst == rank_) {
+      return absl::InvalidArgumentError(absl::StrCat("FIFO command for rank ", dst, " (self ", rank_, ")"));
+    }
+  }
+  n = GroupAndMerge(t->fields.data(), n);
+  const uint64_t region_bytes = static_cast<uint64_t>(layout_.total_bytes);
+  for (int i = 0; i < n;) {
+    const FifoCmdFields f = t->fields[i++];
+    const size_t key = KeyIndex(f.op, f.half, f.dst_rank, layout_.shape.num_ranks);
+    if (f.opcode == FifoOpcode::kWrite) {
+      if (f.local_off + f.bytes > region_bytes || f.remote_off + f.bytes > region_bytes) {
+        return absl::OutOfRangeError(absl::StrCat("write of ", f.bytes, " bytes at local ", f.local_off, " / remote ",
+                                                  f.remote_off, " leaves the ", region_bytes, "-byte region"));
+      }
+      if (f.bytes == 0) return absl::DataLossError("FIFO write command of zero bytes");
+      // Every posted piece carries a data immediate and is counted, so splitting is invisible to the receiver.
+      const uint32_t imm = protocol::PackImm(protocol::ImmKind::kData, f.op, f.half, rank_);
+      const uint64_t max = t->transport->MaxWriteBytes();
+      for (uint64_t done = 0; done < f.bytes;) {
+        const uint64_t chunk = std::min(max, f.bytes - done);
+        auto s = Post(t, f.dst_rank, f.local_off + done, f.remote_off + done, chunk, imm, kDataCookie);
+        if (!s.ok()) return s;
+        ++t->writes_since_signal[key];
+        done += chunk;
+      }
+      continue;
+    }
+    // kSignal: the outbox slot for (op, half, dst) is reused every other call; wait for its previous write.
+    while (t->outbox_busy[key] != 0) {
+      bool ignored = false;
+      auto s = Progress(t, &ignored);
+      if (!s.ok()) return s;
+      if (stop_.load(std::memory_order_acquire)) return absl::AbortedError("proxy stopping");
+    }
+    const int64_t outbox = layout_.OutboxOffset(f.half, f.op, f.dst_rank);
+    protocol::InboxSlot slot{f.signal_word, t->writes_since_signal[key], protocol::kSignalVersion};
+    std::memcpy(region_ + outbox, &slot, sizeof(slot));
+    t->writes_since_signal[key] = 0;
+    t->outbox_busy[key] = 1;
+    auto s = Post(t, f.dst_rank, static_cast<uint64_t>(outbox),
+                  static_cast<uint64_t>(layout_.InboxOffset(f.half, f.op, rank_)), sizeof(slot),
+                  protocol::PackImm(protocol::ImmKind::kSignal, f.op, f.half, rank_), kOutboxCookie + key);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Proxy::Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
+                         uint64_t cookie) {
+  for (;;) {
+    auto posted = t->transport->PostWrite(dst, local_off, remote_off, bytes, imm, cookie);
+    if (!posted.ok()) return posted.status();
+    if (*posted) break;
+    // Send queue full: completions free it. Keep counting receives meanwhile (manual progress).
+    bool ignored = false;
+    auto s = Progress(t, &ignored);
+    if (!s.ok()) return s;
+    if (stop_.load(std::memory_order_acquire)) return absl::AbortedError("proxy stopping");
+  }
+  t->writes_posted.fetch_add(1, std::memory_order_relaxed);
+  t->bytes_posted.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Proxy::Progress(Thread* t, bool* did_work) {
+  auto n = t->transport->Poll(t->completions.data(), static_cast<int>(t->completions.size()));
+  if (!n.ok()) return n.status();
+  if (*n > 0) *did_work = true;
+  for (int i = 0; i < *n; ++i) {
+    const Completion& c = t->completions[i];
+    if (c.kind == Completion::Kind::kRemoteImm) {
+      t->immediates.fetch_add(1, std::memory_order_relaxed);
+      auto s = t->counter->OnImmediate(c.imm);
+      if (!s.ok()) return s;
+    } else if (c.cookie >= kOutboxCookie) {
+      t->outbox_busy[c.cookie - kOutboxCookie] = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace llep::proxy

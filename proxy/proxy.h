@@ -1,0 +1,86 @@
+// CPU proxy: threads that drain GPU→CPU (or CPU→CPU) command rings and turn them into RDMA writes with
+// immediates, and that count incoming immediates to release signals (arrival_counter.h).
+// Layer: proxy. Created by runtime/ after the transports are connected; one thread, ring and transport per
+// index. Traffic between ranks a and b always uses thread ThreadFor(a, b) on both sides, so all immediates of
+// one (op, half, source) reach one thread and its ArrivalCounter.
+//
+// Per popped batch the thread groups commands by destination (stable, so per-destination order is kept),
+// merges adjacent writes that are contiguous on both sides into one RDMA write, and posts them. For a kSignal it
+// stages an InboxSlot announcing how many data writes it posted for that (op, half, destination) since the last
+// signal, then writes the slot to the peer's inbox with a signal immediate.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proxy/transport.h"
+#include "runtime/protocol/fifo_ring.h"
+#include "runtime/protocol/ll_layout.h"
+
+namespace llep::proxy {
+
+struct ProxyOptions {
+  uint32_t fifo_entries = 4096;  ///< Ring size per thread (power of two).
+  int max_batch = 256;           ///< Commands popped per sweep.
+  /// Idle sweeps before a thread starts sleeping between polls. Busy polling is fastest on a dedicated core;
+  /// sleeping keeps oversubscribed hosts (CI: 4 ranks on 2 cores) responsive.
+  int spin_before_sleep = 2000;
+  int idle_sleep_us = 20;
+};
+
+struct ProxyStats {
+  uint64_t commands = 0;
+  uint64_t writes_posted = 0;
+  uint64_t bytes_posted = 0;
+  uint64_t immediates = 0;
+};
+
+class Proxy {
+ public:
+  /// `transports[i]` must be registered on `region` and connected. Starts the threads.
+  static absl::StatusOr<std::unique_ptr<Proxy>> Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
+                                                       std::vector<std::unique_ptr<Transport>> transports,
+                                                       const ProxyOptions& options);
+  ~Proxy();
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  static int ThreadFor(int rank, int peer, int num_threads) { return (rank + peer) % num_threads; }
+  int num_threads() const { return static_cast<int>(threads_.size()); }
+  /// The producer handle of thread i's ring.
+  const protocol::FifoRingHandle& ring(int i) const;
+  /// First error any thread hit (OK while healthy). After an error the abort flag is raised.
+  absl::Status status() const;
+  const volatile int32_t* abort_flag() const { return &abort_flag_; }
+  /// Raises the abort flag and records `why` (first error wins). Threads keep draining completions.
+  void Abort(const absl::Status& why);
+  ProxyStats stats() const;
+
+ private:
+  struct Thread;
+  Proxy(const protocol::LlLayout& layout, int rank, uint8_t* region, const ProxyOptions& options);
+  void Run(Thread* t);
+  absl::Status Sweep(Thread* t, bool* did_work);
+  absl::Status PostBatch(Thread* t, int n);
+  absl::Status Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
+                    uint64_t cookie);
+  absl::Status Progress(Thread* t, bool* did_work);
+
+  protocol::LlLayout layout_;
+  int rank_;
+  uint8_t* region_;
+  ProxyOptions options_;
+  std::vector<std::unique_ptr<Thread>> threads_;
+  std::atomic<bool> stop_{false};
+  alignas(64) volatile int32_t abort_flag_ = 0;
+  mutable absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace llep::proxy
