@@ -1,0 +1,287 @@
+#include "runtime/cpu_buffer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proxy/fabric/fabric_transport.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/protocol/signal.h"
+#include "runtime/validate.h"
+
+namespace llep {
+
+using protocol::LlOp;
+
+namespace {
+
+const char* OpName(LlOp op) { return op == LlOp::kDispatch ? "dispatch" : "combine"; }
+
+// Blob of one rank: [u32 num_threads] then per thread [u32 len][bytes].
+std::string PackBlobs(const std::vector<std::string>& blobs) {
+  std::string out;
+  const uint32_t n = static_cast<uint32_t>(blobs.size());
+  out.append(reinterpret_cast<const char*>(&n), 4);
+  for (const std::string& b : blobs) {
+    const uint32_t len = static_cast<uint32_t>(b.size());
+    out.append(reinterpret_cast<const char*>(&len), 4);
+    out += b;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> UnpackBlobs(const std::string& packed, int expected) {
+  std::vector<std::string> out;
+  size_t off = 0;
+  auto read_u32 = [&](uint32_t* v) {
+    if (off + 4 > packed.size()) return false;
+    std::memcpy(v, packed.data() + off, 4);
+    off += 4;
+    return true;
+  };
+  uint32_t n = 0;
+  if (!read_u32(&n) || static_cast<int>(n) != expected) {
+    return absl::FailedPreconditionError(absl::StrCat("peer runs ", n, " proxy threads, this rank ", expected,
+                                                      ": every rank needs the same num_proxy_threads"));
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t len = 0;
+    if (!read_u32(&len) || off + len > packed.size()) return absl::DataLossError("truncated endpoint blob");
+    out.emplace_back(packed.substr(off, len));
+    off += len;
+  }
+  return out;
+}
+
+}  // namespace
+
+CpuBuffer::CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options)
+    : layout_(layout), bootstrap_(bootstrap), options_(options), rank_(bootstrap.rank()) {}
+
+CpuBuffer::~CpuBuffer() { proxy_.reset(); }
+
+absl::StatusOr<std::unique_ptr<CpuBuffer>> CpuBuffer::Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
+                                                             const CpuBufferOptions& options) {
+  LLEP_RETURN_IF_ERROR(ValidateShape(shape));
+  if (bootstrap.size() != shape.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bootstrap has ", bootstrap.size(), " ranks but the shape says ", shape.num_ranks));
+  }
+  if (options.num_proxy_threads < 1) return absl::InvalidArgumentError("num_proxy_threads must be >= 1");
+  std::unique_ptr<CpuBuffer> b(new CpuBuffer(protocol::ComputeLlLayout(shape), bootstrap, options));
+  LLEP_RETURN_IF_ERROR(b->Init());
+  return b;
+}
+
+absl::Status CpuBuffer::Init() {
+  LLEP_ASSIGN_OR_RETURN(region_, HostRegion::Allocate(static_cast<size_t>(layout_.total_bytes)));
+  const int R = layout_.shape.num_ranks;
+  peers_.assign(R, kernels::HostPeer{});
+  peers_[rank_].direct_base = region_.data();
+  transport_name_ = "local";
+  if (R > 1) {
+    std::vector<std::unique_ptr<proxy::Transport>> transports;
+    std::vector<std::string> blobs;
+    for (int i = 0; i < options_.num_proxy_threads; ++i) {
+      proxy::FabricOptions fo;
+      fo.provider = options_.provider;
+      LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateFabricTransport(fo));
+      LLEP_RETURN_IF_ERROR(t->RegisterRegion(region_.data(), region_.size()));
+      LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());
+      blobs.push_back(std::move(blob));
+      transports.push_back(std::move(t));
+    }
+    transport_name_ = transports[0]->Name();
+    LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(PackBlobs(blobs)));
+    std::vector<std::vector<std::string>> per_thread(options_.num_proxy_threads, std::vector<std::string>(R));
+    for (int r = 0; r < R; ++r) {
+      LLEP_ASSIGN_OR_RETURN(std::vector<std::string> mine, UnpackBlobs(all[r], options_.num_proxy_threads));
+      for (int i = 0; i < options_.num_proxy_threads; ++i) per_thread[i][r] = std::move(mine[i]);
+    }
+    for (int i = 0; i < options_.num_proxy_threads; ++i) LLEP_RETURN_IF_ERROR(transports[i]->Connect(per_thread[i]));
+    LLEP_ASSIGN_OR_RETURN(proxy_, proxy::Proxy::Create(layout_, rank_, region_.data(), std::move(transports),
+                                                        options_.proxy));
+    for (int d = 0; d < R; ++d) {
+      if (d != rank_) peers_[d].fifo = &proxy_->ring(proxy::Proxy::ThreadFor(rank_, d, proxy_->num_threads()));
+    }
+  }
+  // Nobody sends before every rank's endpoint, region and proxy exist.
+  return bootstrap_.Barrier();
+}
+
+kernels::HostRankContext CpuBuffer::Context() const {
+  return kernels::HostRankContext{layout_, rank_, region_.data(), peers_.data()};
+}
+
+proxy::ProxyStats CpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
+
+uint16_t* CpuBuffer::NextCombineBuffer() const {
+  const uint32_t next = seq_ + 1 == 0 ? 2 : seq_ + 1;
+  return reinterpret_cast<uint16_t*>(region_.data() + layout_.CombineSendOffset(protocol::HalfOfSeq(next), 0, 0));
+}
+
+absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
+  if (closed_) return absl::FailedPreconditionError("buffer is closed");
+  if (proxy_ != nullptr) {
+    if (absl::Status s = proxy_->status(); !s.ok()) return base::Annotate(s, "proxy failed earlier");
+  }
+  // Sequence 0 means "never signalled" in zeroed memory; skipping to 2 keeps the parity of the halves.
+  const uint32_t next = seq_ + 1 == 0 ? 2 : seq_ + 1;
+  for (uint32_t s : unreceived_) {
+    if (protocol::HalfOfSeq(s) == protocol::HalfOfSeq(next)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "at most two low-latency operations may be in flight: ", OpName(op), " call ", next,
+          " would reuse the buffer half of call ", s, ", whose receive (hook) has not run"));
+    }
+  }
+  seq_ = next;
+  unreceived_.push_back(next);
+  return next;
+}
+
+absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
+  const protocol::LlShape& shape = layout_.shape;
+  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
+  LLEP_RETURN_IF_ERROR(ValidateDispatchMode(shape, call.mode));
+  if (call.num_tokens > 0 && call.x == nullptr) return absl::InvalidArgumentError("dispatch x is null");
+  if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
+      call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {
+    return absl::InvalidArgumentError("dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
+  }
+  LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
+  kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, &dispatch_plan_);
+  PendingOp op;
+  op.seq_ = seq;
+  op.op_ = LlOp::kDispatch;
+  op.dispatch_ = call;
+  if (!kernels::DispatchSendHost(Context(), {call.x, &dispatch_plan_, call.mode, seq})) {
+    return base::Annotate(proxy_->status(), "dispatch send aborted");
+  }
+  return op;
+}
+
+absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
+  const protocol::LlShape& shape = layout_.shape;
+  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
+  if (!call.zero_copy && call.x == nullptr) return absl::InvalidArgumentError("combine x is null");
+  if (call.num_tokens > 0 && (call.out == nullptr || call.topk_weights == nullptr)) {
+    return absl::InvalidArgumentError("combine out or topk_weights is null");
+  }
+  LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
+  LLEP_RETURN_IF_ERROR(ValidateLayoutRange(shape, call.layout_range));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kCombine));
+  PendingOp op;
+  op.seq_ = seq;
+  op.op_ = LlOp::kCombine;
+  op.combine_ = call;
+  op.plan_ = std::make_unique<kernels::RoutePlan>();
+  kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, op.plan_.get());
+  if (!kernels::CombineSendHost(Context(), {call.zero_copy ? nullptr : call.x, call.layout_range, seq})) {
+    return base::Annotate(proxy_->status(), "combine send aborted");
+  }
+  return op;
+}
+
+absl::Status CpuBuffer::Receive(PendingOp op) {
+  auto it = std::find(unreceived_.begin(), unreceived_.end(), op.seq_);
+  if (op.seq_ == 0 || it == unreceived_.end()) {
+    return absl::FailedPreconditionError("operation already received or not sent on this buffer");
+  }
+  // Consumed even on failure: after a timeout the half's contents are undefined, and retrying would only wait
+  // for the same missing peer again.
+  unreceived_.erase(it);
+  return op.op_ == LlOp::kDispatch ? ReceiveDispatch(op) : ReceiveCombine(op);
+}
+
+absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats) {
+  const int R = layout_.shape.num_ranks, half = protocol::HalfOfSeq(op.seq_);
+  values->assign(R, 0);
+  std::vector<int> pending(R);
+  for (int r = 0; r < R; ++r) pending[r] = r;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + absl::ToChronoNanoseconds(options_.timeout);
+  for (int spins = 0; !pending.empty(); ++spins) {
+    for (size_t i = 0; i < pending.size();) {
+      const int src = pending[i];
+      // Pairs with the release store of the signal (ll_host.cc for direct peers, arrival_counter.cc for proxied).
+      const uint64_t word = __atomic_load_n(
+          reinterpret_cast<const uint64_t*>(region_.data() + layout_.SignalOffset(half, op.op_, src)), __ATOMIC_ACQUIRE);
+      const uint32_t s = protocol::SignalSeq(word);
+      if (s == op.seq_) {
+        (*values)[src] = protocol::SignalValue(word);
+        if (wait_stats != nullptr) {
+          wait_stats[src] += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+        }
+        pending[i] = pending.back();
+        pending.pop_back();
+        continue;
+      }
+      if (protocol::SignalIsNewer(s, op.seq_)) {
+        return absl::DataLossError(absl::StrCat(OpName(op.op_), " call ", op.seq_, ": rank ", src,
+                                                " already signalled call ", s,
+                                                " into the same half; more operations were in flight than allowed"));
+      }
+      ++i;
+    }
+    if (pending.empty()) break;
+    if (proxy_ != nullptr) {
+      if (absl::Status s = proxy_->status(); !s.ok()) return base::Annotate(s, absl::StrCat(OpName(op.op_), " receive"));
+    }
+    if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
+      std::sort(pending.begin(), pending.end());
+      return absl::DeadlineExceededError(absl::StrCat(
+          OpName(op.op_), " call ", op.seq_, " timed out after ", absl::FormatDuration(options_.timeout),
+          " waiting for rank(s) ", absl::StrJoin(pending, ", "), " (peer dead, stalled, or calling a different sequence)"));
+    }
+    if (spins > 256) std::this_thread::sleep_for(std::chrono::microseconds(spins > 4096 ? 50 : 5));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
+  const DispatchCall& c = op.dispatch_;
+  std::vector<uint32_t> tokens;
+  LLEP_RETURN_IF_ERROR(WaitForSignals(op, &tokens, c.wait_recv_cost_stats));
+  kernels::DispatchRecvArgs a;
+  a.mode = c.mode;
+  a.seq = op.seq_;
+  a.tokens_from_src = tokens.data();
+  a.recv_x = c.recv_x;
+  a.recv_scales = c.recv_scales;
+  a.recv_count = c.recv_count;
+  a.src_info = c.src_info;
+  a.layout_range = c.layout_range;
+  a.cumulative_local_expert_recv_stats = c.cumulative_local_expert_recv_stats;
+  const std::string err = kernels::DispatchRecvHost(Context(), a);
+  if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBuffer::ReceiveCombine(PendingOp& op) {
+  const CombineCall& c = op.combine_;
+  std::vector<uint32_t> rows;
+  LLEP_RETURN_IF_ERROR(WaitForSignals(op, &rows, c.wait_recv_cost_stats));
+  for (int src = 0; src < layout_.shape.num_ranks; ++src) {
+    if (rows[src] != static_cast<uint32_t>(op.plan_->rows_per_dst[src])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "combine call ", op.seq_, ": rank ", src, " returned ", rows[src], " rows but this rank's topk_idx selects ",
+          op.plan_->rows_per_dst[src], " of its experts; combine needs the topk_idx of the matching dispatch"));
+    }
+  }
+  kernels::CombineRecvHost(Context(), {op.plan_.get(), c.topk_weights, op.seq_, c.out});
+  return absl::OkStatus();
+}
+
+absl::Status CpuBuffer::Close() {
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  absl::Status s = bootstrap_.Barrier();
+  proxy_.reset();
+  return s;
+}
+
+}  // namespace llep

@@ -1,0 +1,134 @@
+// A rank of the CPU backend: owns the LL region, the proxy and its transports, and runs dispatch/combine with
+// DeepEP V1 low-latency semantics on CPU threads. The first-class backend for GPU-less hosts and CI, and the
+// oracle GPU tests compare against. Layer: runtime.
+//
+// Threading: one caller thread drives a CpuBuffer (like a CUDA stream); proxy threads run inside. Each
+// operation is split into a send phase and a receive phase (the receive-hook model): Send*() returns a
+// PendingOp, Receive() completes it. Every send takes the next call sequence number; its parity picks the half.
+//
+// In-flight rule (as DeepEP's): at most two operations may hold buffer state. Locally, a send is refused while
+// the operation two calls earlier (same half) is still unreceived. Across ranks, a dispatch must not be sent
+// while any rank still holds the dispatch two calls earlier unreceived; a message overwritten that way is
+// detected (sequence check) and reported as DataLoss instead of being read.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/host/ll_host.h"
+#include "kernels/host/route_plan.h"
+#include "proxy/proxy.h"
+#include "runtime/bootstrap.h"
+#include "runtime/host_region.h"
+#include "runtime/protocol/ll_layout.h"
+
+namespace llep {
+
+struct CpuBufferOptions {
+  std::string provider = "shm";  ///< libfabric provider for inter-process traffic ("shm", "tcp;ofi_rxm", ...)
+  int num_proxy_threads = 1;
+  absl::Duration timeout = absl::Seconds(30);  ///< receive wait before DeadlineExceeded names the silent ranks
+  proxy::ProxyOptions proxy;
+};
+
+/// Inputs and outputs of one dispatch (shapes as DeepEP's low_latency_dispatch; all row-major, contiguous).
+struct DispatchCall {
+  const uint16_t* x = nullptr;  ///< bf16 [num_tokens, H]
+  const int64_t* topk_idx = nullptr;  ///< [num_tokens, num_topk], -1 = no expert
+  int num_tokens = 0;
+  int num_topk = 0;
+  protocol::DispatchMode mode;
+  // Outputs, written by the receive phase (must stay alive until Receive returns):
+  void* recv_x = nullptr;          ///< fp8: uint8 [E/R, R*T, H]; bf16: uint16 [E/R, R*T, H]
+  void* recv_scales = nullptr;     ///< fp8: float [E/R, H/128, R*T]; ue8m0: int32 [E/R, H/512, R*T]
+  int32_t* recv_count = nullptr;   ///< [E/R]
+  int32_t* src_info = nullptr;     ///< [E/R, R*T]
+  int64_t* layout_range = nullptr; ///< [E/R, R]
+  int32_t* cumulative_local_expert_recv_stats = nullptr;  ///< optional [E/R], accumulated
+  int64_t* wait_recv_cost_stats = nullptr;  ///< optional [R]: ns spent waiting for each source, accumulated
+};
+
+/// Inputs and outputs of one combine (shapes as DeepEP's low_latency_combine).
+struct CombineCall {
+  const uint16_t* x = nullptr;  ///< bf16 [E/R, R*T, H]; ignored when zero_copy
+  bool zero_copy = false;       ///< rows were written into NextCombineBuffer() before this call
+  const int64_t* topk_idx = nullptr;     ///< this rank's routing, [num_tokens, num_topk]
+  const float* topk_weights = nullptr;   ///< [num_tokens, num_topk]
+  int num_tokens = 0;
+  int num_topk = 0;
+  const int64_t* layout_range = nullptr; ///< the dispatch handle's layout_range [E/R, R]
+  uint16_t* out = nullptr;               ///< bf16 [num_tokens, H]
+  int64_t* wait_recv_cost_stats = nullptr;  ///< optional [R], ns, accumulated
+};
+
+/// A sent operation waiting for its receive phase. Move-only; Receive() consumes it.
+class PendingOp {
+ public:
+  PendingOp(PendingOp&&) = default;
+  PendingOp& operator=(PendingOp&&) = default;
+  uint32_t seq() const { return seq_; }
+  protocol::LlOp op() const { return op_; }
+
+ private:
+  friend class CpuBuffer;
+  PendingOp() = default;
+  uint32_t seq_ = 0;
+  protocol::LlOp op_ = protocol::LlOp::kDispatch;
+  DispatchCall dispatch_;
+  CombineCall combine_;
+  std::unique_ptr<kernels::RoutePlan> plan_;  // combine: where each (token, slot) row comes back
+};
+
+class CpuBuffer {
+ public:
+  /// Collective: allocates the region, starts proxy threads, exchanges endpoints through `bootstrap`.
+  static absl::StatusOr<std::unique_ptr<CpuBuffer>> Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
+                                                           const CpuBufferOptions& options);
+  ~CpuBuffer();
+
+  absl::StatusOr<PendingOp> DispatchSend(const DispatchCall& call);
+  absl::StatusOr<PendingOp> CombineSend(const CombineCall& call);
+  /// Waits (up to the timeout) for every source's signal and unpacks / reduces into the call's outputs.
+  absl::Status Receive(PendingOp op);
+
+  /// bf16 [E/R, R*T, row_stride] staging of the half the next call uses (DeepEP zero-copy combine buffer).
+  uint16_t* NextCombineBuffer() const;
+  /// Elements between consecutive rows of NextCombineBuffer() (H + H/64 for H % 512 == 0, as DeepEP).
+  int64_t combine_buffer_row_stride() const { return layout_.combine_stride / 2; }
+
+  /// Collective: barrier, then stop the proxy. Call before destruction so no peer still writes into us.
+  absl::Status Close();
+
+  const protocol::LlLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  std::string transport_name() const { return transport_name_; }
+  proxy::ProxyStats proxy_stats() const;
+
+ private:
+  CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options);
+  absl::Status Init();
+  absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op);
+  absl::Status WaitForSignals(const PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats);
+  absl::Status ReceiveDispatch(PendingOp& op);
+  absl::Status ReceiveCombine(PendingOp& op);
+  kernels::HostRankContext Context() const;
+
+  protocol::LlLayout layout_;
+  Bootstrap& bootstrap_;
+  CpuBufferOptions options_;
+  int rank_;
+  HostRegion region_;
+  std::unique_ptr<proxy::Proxy> proxy_;
+  std::vector<kernels::HostPeer> peers_;
+  std::string transport_name_;
+  uint32_t seq_ = 0;                  // last sequence number handed out
+  std::vector<uint32_t> unreceived_;  // sequence numbers sent but not yet received
+  kernels::RoutePlan dispatch_plan_;  // reused across dispatches (send phase only)
+  bool closed_ = false;
+};
+
+}  // namespace llep
