@@ -213,12 +213,13 @@ class FabricTransport final : public Transport {
     int produced = 0;
     for (ssize_t i = 0; i < n; ++i) {
       const fi_cq_data_entry& e = entries[i];
-      auto* c = static_cast<OpContext*>(e.op_context);
-      // Filter on FI_REMOTE_CQ_DATA, not FI_RMA: rxm reports remote writes without FI_RMA.
+      // Filter on FI_REMOTE_CQ_DATA, not FI_RMA: rxm reports remote writes without FI_RMA. The op_context of a
+      // remote write is undefined unless it consumed one of our posted receives (FI_RX_CQ_DATA), so it is only
+      // dereferenced when it points into our own context arrays.
       if ((e.flags & FI_REMOTE_CQ_DATA) != 0) {
         out[produced++] = Completion{Completion::Kind::kRemoteImm, 0, static_cast<uint32_t>(e.data)};
-        if (c != nullptr && c->is_recv) LLEP_RETURN_IF_ERROR(PostRecv(c));
-      } else if (c != nullptr && !c->is_recv) {
+        if (OpContext* c = Owned(rx_contexts_, e.op_context)) LLEP_RETURN_IF_ERROR(PostRecv(c));
+      } else if (OpContext* c = Owned(tx_contexts_, e.op_context)) {
         out[produced++] = Completion{Completion::Kind::kWriteDone, c->cookie, 0};
         free_tx_.push_back(c);
       }
@@ -240,6 +241,14 @@ class FabricTransport final : public Transport {
     uint64_t base = 0;
     uint64_t bytes = 0;
   };
+
+  static OpContext* Owned(std::vector<OpContext>& pool, void* p) {
+    if (pool.empty()) return nullptr;
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    const auto lo = reinterpret_cast<uintptr_t>(pool.data()), hi = reinterpret_cast<uintptr_t>(pool.data() + pool.size());
+    if (addr < lo || addr >= hi || (addr - lo) % sizeof(OpContext) != 0) return nullptr;
+    return static_cast<OpContext*>(p);
+  }
 
   absl::Status PostRecv(OpContext* c) {
     for (;;) {
