@@ -78,6 +78,9 @@ struct CombineRecvArgs {
 /// out[t] = bf16(sum_k w[t][k] * row(t, k)) accumulated with fmaf in fp32 in top-k order, -1 slots skipped.
 void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a);
 
+/// acc[c] = fmaf(bf16(row[c]), w, acc[c]) for c < n: one top-k term of the combine sum, correctly rounded.
+void AccumulateWeightedRow(float* acc, const uint16_t* row, float w, int n);
+
 /// Encodes one bf16 token into a dispatch payload (FP8 + scales, or BF16): the reference codec.
 void EncodeDispatchPayload(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload);
 

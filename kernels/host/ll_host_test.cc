@@ -181,3 +181,32 @@ TEST(LlHostTest, ProxiedPeerGetsCoalescedCommands) {
 
 }  // namespace
 }  // namespace llep::kernels
+
+namespace llep::kernels {
+namespace {
+
+TEST(LlHostTest, VectorisedAccumulateMatchesFmafBitForBit) {
+  std::mt19937 rng(17);
+  const int n = 7168 + 5;  // odd tail exercises the scalar remainder
+  std::vector<uint16_t> row(n);
+  std::vector<float> acc(n), ref(n);
+  for (int trial = 0; trial < 50; ++trial) {
+    for (int c = 0; c < n; ++c) {
+      row[c] = static_cast<uint16_t>(rng());  // every bf16 pattern: subnormals, inf, NaN included
+      acc[c] = ref[c] = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 60) - 30);
+    }
+    const float w = std::uniform_real_distribution<float>(0.01f, 2.0f)(rng);
+    AccumulateWeightedRow(acc.data(), row.data(), w, n);
+    for (int c = 0; c < n; ++c) ref[c] = std::fmaf(Bf16ToFloat(row[c]), w, ref[c]);
+    for (int c = 0; c < n; ++c) {
+      if (std::isnan(ref[c])) {
+        ASSERT_TRUE(std::isnan(acc[c]));
+      } else {
+        ASSERT_EQ(FloatBits(acc[c]), FloatBits(ref[c])) << "element " << c;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llep::kernels
