@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (Ubuntu 24.04 image, CUDA 13, torch's Python 3.12) from a clean copy of the repository
+# plus .debs/ (scripts/fetch_gpu_debs.sh): unpacks the carried Debian packages into a private prefix, points
+# CMake and pkg-config at it, builds for sm_90a and runs the tests (GPU tests included). Never uses NVLink
+# multicast; the variables below keep NCCL/torch/NVSHMEM from doing so either.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PREFIX="${LLEP_DEPS_PREFIX:-$PWD/.deps}"
+BUILD_DIR="${LLEP_BUILD_DIR:-build-gpu}"
+ARCH="${LLEP_CUDA_ARCH:-90a}"
+
+ls .debs/*.deb >/dev/null 2>&1 || { echo "gpu_build: no .debs/ (run scripts/fetch_gpu_debs.sh first)" >&2; exit 1; }
+mkdir -p "$PREFIX"
+for f in .debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
+LIBDIR="$PREFIX/usr/lib/x86_64-linux-gnu"
+# pkg-config files say prefix=/usr: rebase them onto the private prefix.
+find "$PREFIX" -name '*.pc' -exec sed -i "s|^prefix=/usr\$|prefix=$PREFIX/usr|" {} +
+export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+  -DLLEP_REQUIRE_CUDA=ON "$@"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
