@@ -40,6 +40,7 @@ __device__ uint64_t GlobalTimer() {
 }
 
 __global__ void PingKernel(protocol::FifoRingHandle ring, const volatile uint64_t* ack, int rounds, uint64_t* ns) {
+  if (threadIdx.x != 0) return;  // one producer: every round is exactly one command and one ack
   for (int i = 1; i <= rounds; ++i) {
     const uint64_t t0 = GlobalTimer();
     if (!protocol::FifoPush(ring, protocol::MakeSignalCmd(protocol::LlOp::kDispatch, 0, 1, i))) return;
@@ -95,11 +96,11 @@ int Main() {
   protocol::FifoCmd cmd;
   const auto ping_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   int rounds_done = 0;
-  while (rounds_done < kRounds) {
+  for (uint64_t polls = 1; rounds_done < kRounds; ++polls) {
     if (consumer.Poll(&cmd, 1) == 1) {
       __atomic_store_n(ack, cmd.w0, __ATOMIC_RELEASE);
       ++rounds_done;
-    } else if ((rounds_done & 0xFF) == 0 && std::chrono::steady_clock::now() > ping_deadline) {
+    } else if ((polls & 0xFFFF) == 0 && std::chrono::steady_clock::now() > ping_deadline) {
       ring.Abort();
       std::printf("ping-pong timed out after %d rounds\n", rounds_done);
       return 1;
