@@ -74,17 +74,7 @@ absl::Status BenchRank(Bootstrap& boot, const selftest::WorkloadConfig& cfg) {
     const uint64_t iteration = static_cast<uint64_t>(it);
     const selftest::RankInputs in = selftest::MakeInputs(cfg, me, iteration);
     out.assign(static_cast<size_t>(in.num_tokens) * H, 0);
-    DispatchCall dc;
-    dc.x = in.x.data();
-    dc.topk_idx = in.topk_idx.data();
-    dc.num_tokens = in.num_tokens;
-    dc.num_topk = cfg.num_topk;
-    dc.mode = cfg.mode;
-    dc.recv_x = d.recv_x.data();
-    dc.recv_scales = d.recv_scales.data();
-    dc.recv_count = d.recv_count.data();
-    dc.src_info = d.src_info.data();
-    dc.layout_range = d.layout_range.data();
+    const DispatchCall dc = selftest::MakeDispatchCall(cfg, in, d);
     LLEP_RETURN_IF_ERROR(boot.Barrier());  // aligned starts: every rank's clock measures the same collective
     const auto t0 = std::chrono::steady_clock::now();
     LLEP_ASSIGN_OR_RETURN(PendingOp dop, buf->DispatchSend(dc));

@@ -123,6 +123,21 @@ void DispatchOutputs::Allocate(const WorkloadConfig& cfg) {
   layout_range.assign(static_cast<size_t>(E_loc * cfg.shape.num_ranks), 0);
 }
 
+DispatchCall MakeDispatchCall(const WorkloadConfig& cfg, const RankInputs& in, DispatchOutputs& out) {
+  DispatchCall call;
+  call.x = in.x.data();
+  call.topk_idx = in.topk_idx.data();
+  call.num_tokens = in.num_tokens;
+  call.num_topk = cfg.num_topk;
+  call.mode = cfg.mode;
+  call.recv_x = out.recv_x.data();
+  call.recv_scales = out.recv_scales.data();
+  call.recv_count = out.recv_count.data();
+  call.src_info = out.src_info.data();
+  call.layout_range = out.layout_range.data();
+  return call;
+}
+
 absl::Status CheckDispatch(const WorkloadConfig& cfg, int my_rank, uint64_t iteration, const DispatchOutputs& got) {
   const int R = cfg.shape.num_ranks, H = cfg.shape.hidden, K = cfg.num_topk;
   const int E_loc = cfg.shape.num_local_experts();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "runtime/cpu_buffer.h"
 #include "runtime/protocol/ll_shape.h"
 
 namespace llep::selftest {
@@ -47,6 +48,9 @@ struct DispatchOutputs {
   std::vector<int64_t> layout_range;  ///< [E_loc, R]
   void Allocate(const WorkloadConfig& cfg);
 };
+
+/// A dispatch of `in` whose outputs land in `out` (which must outlive the call's receive phase).
+DispatchCall MakeDispatchCall(const WorkloadConfig& cfg, const RankInputs& in, DispatchOutputs& out);
 
 /// Checks one rank's dispatch outputs bit for bit against the definition: counts, layout ranges, src_info,
 /// payload bytes and scales of every valid row.

@@ -66,18 +66,7 @@ struct MicroBatch {
 absl::StatusOr<PendingOp> SendDispatch(CpuBuffer& buf, const WorkloadConfig& cfg, MicroBatch& mb) {
   mb.in = selftest::MakeInputs(cfg, buf.rank(), mb.iteration);
   mb.d.Allocate(cfg);
-  DispatchCall call;
-  call.x = mb.in.x.data();
-  call.topk_idx = mb.in.topk_idx.data();
-  call.num_tokens = mb.in.num_tokens;
-  call.num_topk = cfg.num_topk;
-  call.mode = cfg.mode;
-  call.recv_x = mb.d.recv_x.data();
-  call.recv_scales = mb.d.recv_scales.data();
-  call.recv_count = mb.d.recv_count.data();
-  call.src_info = mb.d.src_info.data();
-  call.layout_range = mb.d.layout_range.data();
-  return buf.DispatchSend(call);
+  return buf.DispatchSend(selftest::MakeDispatchCall(cfg, mb.in, mb.d));
 }
 
 absl::StatusOr<PendingOp> SendCombine(CpuBuffer& buf, const WorkloadConfig& cfg, MicroBatch& mb, bool zero_copy) {

@@ -31,20 +31,7 @@ selftest::WorkloadConfig SmallConfig() {
 struct Rank {
   selftest::RankInputs in;
   selftest::DispatchOutputs d;
-  DispatchCall Call(const selftest::WorkloadConfig& cfg) {
-    DispatchCall call;
-    call.x = in.x.data();
-    call.topk_idx = in.topk_idx.data();
-    call.num_tokens = in.num_tokens;
-    call.num_topk = cfg.num_topk;
-    call.mode = cfg.mode;
-    call.recv_x = d.recv_x.data();
-    call.recv_scales = d.recv_scales.data();
-    call.recv_count = d.recv_count.data();
-    call.src_info = d.src_info.data();
-    call.layout_range = d.layout_range.data();
-    return call;
-  }
+  DispatchCall Call(const selftest::WorkloadConfig& cfg) { return selftest::MakeDispatchCall(cfg, in, d); }
 };
 
 absl::Status Expect(bool cond, const std::string& what) {
