@@ -119,6 +119,7 @@ kernels::HostRankContext CpuBuffer::Context() const {
 proxy::ProxyStats CpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
 
 uint16_t* CpuBuffer::NextCombineBuffer() const {
+  absl::MutexLock lock(&mu_);
   const uint32_t next = seq_ + 1 == 0 ? 2 : seq_ + 1;
   return reinterpret_cast<uint16_t*>(region_.data() + layout_.CombineSendOffset(protocol::HalfOfSeq(next), 0, 0));
 }
@@ -152,6 +153,7 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
     return absl::InvalidArgumentError("dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
   }
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
+  absl::MutexLock lock(&mu_);
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
   kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, &dispatch_plan_);
   PendingOp op;
@@ -173,6 +175,7 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   }
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   LLEP_RETURN_IF_ERROR(ValidateLayoutRange(shape, call.layout_range));
+  absl::MutexLock lock(&mu_);
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kCombine));
   PendingOp op;
   op.seq_ = seq;
@@ -187,14 +190,19 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
 }
 
 absl::Status CpuBuffer::Receive(PendingOp op) {
-  auto it = std::find(unreceived_.begin(), unreceived_.end(), op.seq_);
-  if (op.seq_ == 0 || it == unreceived_.end()) {
-    return absl::FailedPreconditionError("operation already received or not sent on this buffer");
+  {
+    absl::MutexLock lock(&mu_);
+    if (op.seq_ == 0 || std::find(unreceived_.begin(), unreceived_.end(), op.seq_) == unreceived_.end()) {
+      return absl::FailedPreconditionError("operation already received or not sent on this buffer");
+    }
   }
-  // Consumed even on failure: after a timeout the half's contents are undefined, and retrying would only wait
-  // for the same missing peer again.
-  unreceived_.erase(it);
-  return op.op_ == LlOp::kDispatch ? ReceiveDispatch(op) : ReceiveCombine(op);
+  // The half stays reserved while it is read, so a send on another thread cannot overwrite it. It is released
+  // even on failure: after a timeout the half's contents are undefined, and retrying would only wait for the
+  // same missing peer again.
+  const absl::Status s = op.op_ == LlOp::kDispatch ? ReceiveDispatch(op) : ReceiveCombine(op);
+  absl::MutexLock lock(&mu_);
+  unreceived_.erase(std::find(unreceived_.begin(), unreceived_.end(), op.seq_));
+  return s;
 }
 
 absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats) {
@@ -277,8 +285,11 @@ absl::Status CpuBuffer::ReceiveCombine(PendingOp& op) {
 }
 
 absl::Status CpuBuffer::Close() {
-  if (closed_) return absl::OkStatus();
-  closed_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+  }
   absl::Status s = bootstrap_.Barrier();
   proxy_.reset();
   return s;

@@ -2,9 +2,10 @@
 // DeepEP V1 low-latency semantics on CPU threads. The first-class backend for GPU-less hosts and CI, and the
 // oracle GPU tests compare against. Layer: runtime.
 //
-// Threading: one caller thread drives a CpuBuffer (like a CUDA stream); proxy threads run inside. Each
-// operation is split into a send phase and a receive phase (the receive-hook model): Send*() returns a
-// PendingOp, Receive() completes it. Every send takes the next call sequence number; its parity picks the half.
+// Threading: send phases are serialised by a mutex; a receive phase may run on another thread (vLLM runs receive
+// hooks from a second CPU thread) and holds the mutex only for bookkeeping, never while waiting. Proxy threads run
+// inside. Each operation is split into a send phase and a receive phase (the receive-hook model): Send*() returns
+// a PendingOp, Receive() completes it. Every send takes the next call sequence number; its parity picks the half.
 //
 // In-flight rule (as DeepEP's): at most two operations may hold buffer state. Locally, a send is refused while
 // the operation two calls earlier (same half) is still unreceived. Across ranks, a dispatch must not be sent
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/host/ll_host.h"
 #include "kernels/host/route_plan.h"
@@ -68,8 +70,17 @@ struct CombineCall {
 /// A sent operation waiting for its receive phase. Move-only; Receive() consumes it.
 class PendingOp {
  public:
-  PendingOp(PendingOp&&) = default;
-  PendingOp& operator=(PendingOp&&) = default;
+  // A moved-from PendingOp has seq 0 and is refused by Receive(), so an operation is received at most once.
+  PendingOp(PendingOp&& o) noexcept { *this = std::move(o); }
+  PendingOp& operator=(PendingOp&& o) noexcept {
+    seq_ = o.seq_;
+    op_ = o.op_;
+    dispatch_ = o.dispatch_;
+    combine_ = o.combine_;
+    plan_ = std::move(o.plan_);
+    o.seq_ = 0;
+    return *this;
+  }
   uint32_t seq() const { return seq_; }
   protocol::LlOp op() const { return op_; }
 
@@ -111,7 +122,7 @@ class CpuBuffer {
  private:
   CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options);
   absl::Status Init();
-  absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op);
+  absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitForSignals(const PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats);
   absl::Status ReceiveDispatch(PendingOp& op);
   absl::Status ReceiveCombine(PendingOp& op);
@@ -125,10 +136,11 @@ class CpuBuffer {
   std::unique_ptr<proxy::Proxy> proxy_;
   std::vector<kernels::HostPeer> peers_;
   std::string transport_name_;
-  uint32_t seq_ = 0;                  // last sequence number handed out
-  std::vector<uint32_t> unreceived_;  // sequence numbers sent but not yet received
-  kernels::RoutePlan dispatch_plan_;  // reused across dispatches (send phase only)
-  bool closed_ = false;
+  mutable absl::Mutex mu_;
+  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;                  // last sequence number handed out
+  std::vector<uint32_t> unreceived_ ABSL_GUARDED_BY(mu_);  // sequence numbers sent but not yet received
+  kernels::RoutePlan dispatch_plan_ ABSL_GUARDED_BY(mu_);  // reused across dispatches (send phase only)
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace llep
