@@ -1,0 +1,161 @@
+// Python binding of runtime/cpu_buffer.h: argument conversion, Status -> exception, GIL handling only.
+// Tensors cross as raw addresses (int) plus shapes; the Python layer (llep/buffer.py) validates dtypes and
+// shapes and owns the tensors, so this module never links torch and works with any torch version.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/bootstrap.h"
+#include "runtime/cpu_buffer.h"
+#include "server_hooks/bindings/status_to_python.h"
+
+namespace llep::bindings {
+namespace py = pybind11;
+namespace {
+
+template <typename T>
+T* Ptr(uintptr_t addr) {
+  return reinterpret_cast<T*>(addr);
+}
+
+/// Owns the bootstrap (which must outlive the buffer) and the buffer.
+class PyCpuBuffer {
+ public:
+  PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
+              double timeout_s, int proxy_threads) {
+    // The callback runs on this thread, which holds the GIL: Create() is called without releasing it.
+    bootstrap_ = MakeCallbackBootstrap(rank, R, [allgather](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> {
+      py::gil_scoped_acquire gil;
+      try {
+        py::list out = allgather(py::bytes(blob));
+        std::vector<std::string> all;
+        for (py::handle h : out) all.push_back(h.cast<std::string>());
+        return all;
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(std::string("allgather callback raised: ") + e.what());
+      }
+    });
+    CpuBufferOptions opt;
+    opt.provider = provider;
+    opt.timeout = absl::Seconds(timeout_s);
+    opt.num_proxy_threads = proxy_threads;
+    auto buf = CpuBuffer::Create(protocol::LlShape{T, H, E, R}, *bootstrap_, opt);
+    ThrowIfError(buf.status());
+    buffer_ = *std::move(buf);
+  }
+
+  std::shared_ptr<PendingOp> DispatchSend(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
+                                          bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+                                          uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
+                                          uintptr_t cumulative_stats, uintptr_t wait_stats) {
+    DispatchCall c;
+    c.x = Ptr<const uint16_t>(x);
+    c.topk_idx = Ptr<const int64_t>(topk);
+    c.num_tokens = num_tokens;
+    c.num_topk = num_topk;
+    c.mode = {use_fp8, round_scale, use_ue8m0};
+    c.recv_x = Ptr<void>(recv_x);
+    c.recv_scales = Ptr<void>(recv_scales);
+    c.recv_count = Ptr<int32_t>(recv_count);
+    c.src_info = Ptr<int32_t>(src_info);
+    c.layout_range = Ptr<int64_t>(layout_range);
+    c.cumulative_local_expert_recv_stats = Ptr<int32_t>(cumulative_stats);
+    c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+    absl::StatusOr<PendingOp> op;
+    {
+      py::gil_scoped_release nogil;
+      op = Live()->DispatchSend(c);
+    }
+    ThrowIfError(op.status());
+    return std::make_shared<PendingOp>(*std::move(op));
+  }
+
+  std::shared_ptr<PendingOp> CombineSend(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights,
+                                         int num_tokens, int num_topk, uintptr_t layout_range, uintptr_t out,
+                                         uintptr_t wait_stats) {
+    CombineCall c;
+    c.x = Ptr<const uint16_t>(x);
+    c.zero_copy = zero_copy;
+    c.topk_idx = Ptr<const int64_t>(topk);
+    c.topk_weights = Ptr<const float>(weights);
+    c.num_tokens = num_tokens;
+    c.num_topk = num_topk;
+    c.layout_range = Ptr<const int64_t>(layout_range);
+    c.out = Ptr<uint16_t>(out);
+    c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+    absl::StatusOr<PendingOp> op;
+    {
+      py::gil_scoped_release nogil;
+      op = Live()->CombineSend(c);
+    }
+    ThrowIfError(op.status());
+    return std::make_shared<PendingOp>(*std::move(op));
+  }
+
+  /// The receive phase (the hook). Releases the GIL while waiting: vLLM runs hooks from another thread.
+  void Receive(const std::shared_ptr<PendingOp>& op) {
+    if (!op || op->seq() == 0) ThrowIfError(absl::FailedPreconditionError("receive hook already ran"));
+    PendingOp taken = std::move(*op);
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = Live()->Receive(std::move(taken));
+    }
+    ThrowIfError(s);
+  }
+
+  /// Writable memoryview of the zero-copy combine staging of the next call's half.
+  py::memoryview NextCombineBuffer() {
+    const protocol::LlShape& s = Live()->layout().shape;
+    const int64_t bytes = int64_t{s.num_local_experts()} * s.max_recv_rows() * Live()->layout().combine_stride;
+    return py::memoryview::from_memory(Live()->NextCombineBuffer(), bytes, /*readonly=*/false);
+  }
+
+  int64_t combine_row_stride() { return Live()->combine_buffer_row_stride(); }
+  int64_t buffer_bytes() { return Live()->layout().total_bytes; }
+  std::string transport() { return Live()->transport_name(); }
+
+  void Close() {
+    if (!buffer_) return;
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = buffer_->Close();
+    }
+    buffer_.reset();
+    ThrowIfError(s);
+  }
+
+ private:
+  CpuBuffer* Live() {
+    if (!buffer_) ThrowIfError(absl::FailedPreconditionError("buffer was destroyed"));
+    return buffer_.get();
+  }
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::unique_ptr<CpuBuffer> buffer_;
+};
+
+}  // namespace
+
+void BindCpuBuffer(py::module_& m) {
+  py::class_<PendingOp, std::shared_ptr<PendingOp>>(m, "PendingOp", "A sent operation waiting for its receive phase.")
+      .def_property_readonly("seq", &PendingOp::seq);
+  py::class_<PyCpuBuffer>(m, "CpuBuffer", "One rank of the CPU backend (runtime/cpu_buffer.h).")
+      .def(py::init<int, int, int, int, int, py::function, const std::string&, double, int>(), py::arg("T"),
+           py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
+           py::arg("timeout_s"), py::arg("proxy_threads"))
+      .def("dispatch_send", &PyCpuBuffer::DispatchSend)
+      .def("combine_send", &PyCpuBuffer::CombineSend)
+      .def("receive", &PyCpuBuffer::Receive)
+      .def("next_combine_buffer", &PyCpuBuffer::NextCombineBuffer)
+      .def_property_readonly("combine_row_stride", &PyCpuBuffer::combine_row_stride)
+      .def_property_readonly("buffer_bytes", &PyCpuBuffer::buffer_bytes)
+      .def_property_readonly("transport", &PyCpuBuffer::transport)
+      .def("close", &PyCpuBuffer::Close);
+}
+
+}  // namespace llep::bindings

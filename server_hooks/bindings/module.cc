@@ -1,0 +1,29 @@
+// The native module llep._llep: layout queries, the CPU backend binding and the error classes.
+#include <pybind11/pybind11.h>
+
+#include "runtime/protocol/ll_layout.h"
+#include "runtime/validate.h"
+#include "server_hooks/bindings/status_to_python.h"
+
+namespace llep::bindings {
+void BindCpuBuffer(pybind11::module_& m);
+}  // namespace llep::bindings
+
+PYBIND11_MODULE(_llep, m) {
+  namespace py = pybind11;
+  m.doc() = "llep native module (torch-independent: tensors cross as addresses and shapes)";
+  llep::bindings::RegisterExceptions(m);
+  m.def(
+      "ll_buffer_bytes",
+      [](int T, int H, int R, int E) {
+        const llep::protocol::LlShape shape{T, H, E, R};
+        llep::bindings::ThrowIfError(llep::ValidateShape(shape));
+        return llep::protocol::ComputeLlLayout(shape).total_bytes;
+      },
+      py::arg("num_max_dispatch_tokens_per_rank"), py::arg("hidden"), py::arg("num_ranks"), py::arg("num_experts"),
+      "Bytes of llep's double-buffered LL region for this shape.");
+  m.def("deepep_v1_size_hint", &llep::protocol::DeepEpV1LowLatencySizeHint, py::arg("T"), py::arg("H"), py::arg("E"),
+        "DeepEP V1's size hint for the same shape (for comparison only).");
+  m.attr("MAX_TOPK") = llep::protocol::kMaxTopK;
+  llep::bindings::BindCpuBuffer(m);
+}

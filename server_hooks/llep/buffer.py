@@ -1,0 +1,353 @@
+"""llep.Buffer: DeepEP V1's low-latency `Buffer` API (deep_ep/buffer.py at 567632d), backed by llep.
+
+Positional order, keyword names, defaults, return tuples and the handle layout match DeepEP V1, so SGLang and
+vLLM can use it unchanged (see llep.deep_ep). Today the backend is llep's CPU backend (CPU tensors, ranks on
+one host over libfabric); CUDA tensors raise NotImplementedError until the NVLink kernels land. Tensors never
+cross into C++ as torch objects: the native module gets addresses and shapes, so one build serves any torch.
+
+Environment: LLEP_FABRIC_PROVIDER (default 'shm'; 'tcp;ofi_rxm' also works on loopback), LLEP_TIMEOUT_S
+(default 30: a silent peer becomes LlepTimeoutError after that long), LLEP_PROXY_THREADS (default 1).
+"""
+import os
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from llep import _llep
+from llep.utils import CompletedEvent, EventOverlap
+
+topk_idx_t = torch.int64
+_FP8 = getattr(torch, 'float8_e4m3fn', None)  # torch < 2.1 has no float8: FP8 payloads come back as uint8
+
+# Keyword arguments that forks of DeepEP accept and engines pass (shared/spec/deepep-ll-api.md §4.9).
+_DISPATCH_FORK_KWARGS = ('use_nvfp4', 'x_global_scale', 'use_ue8m0_for_sf', 'topk_weights', 'use_eager')
+_COMBINE_FORK_KWARGS = ('overlap', 'packed_recv_count', 'comp_signal', 'block_m', 'threshold', 'num_sms',
+                        'src_signals', 'src_signal_expect_value', 'use_eager')
+
+
+def _invalid(msg: str) -> Exception:
+    return _llep.LlepInvalidArgumentError(msg)
+
+
+def _check_fork_kwargs(method: str, kwargs: Dict[str, Any], known: Tuple[str, ...]) -> None:
+    for name, value in kwargs.items():
+        if name not in known:
+            raise TypeError(f'{method}() got an unexpected keyword argument {name!r}')
+        if value is not None and value is not False:
+            raise NotImplementedError(f'{method}({name}=...) is a DeepEP-fork feature llep does not implement yet')
+
+
+def _check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Tuple[Optional[int], ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _invalid(f'{name} must be a torch.Tensor, got {type(t).__name__}')
+    if t.dtype != dtype:
+        raise _invalid(f'{name} must have dtype {dtype}, got {t.dtype}')
+    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
+        want = tuple('*' if s is None else s for s in shape)
+        raise _invalid(f'{name} must have shape {want}, got {tuple(t.shape)}')
+    if not t.is_contiguous():
+        raise _invalid(f'{name} must be contiguous')
+    if t.device.type != 'cpu':
+        raise NotImplementedError(f'{name} is on {t.device}: llep\'s GPU kernels are not built yet; the CPU backend '
+                                  'takes CPU tensors')
+
+
+class Config:
+    """Normal-mode tuning config of DeepEP (accepted for compatibility; llep implements low-latency mode only)."""
+
+    def __init__(self, num_sms: int = 20, num_max_nvl_chunked_send_tokens: int = 6,
+                 num_max_nvl_chunked_recv_tokens: int = 256, num_max_rdma_chunked_send_tokens: int = 6,
+                 num_max_rdma_chunked_recv_tokens: int = 256) -> None:
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        raise NotImplementedError('llep implements low-latency mode only (no normal-mode buffers)')
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        raise NotImplementedError('llep implements low-latency mode only (no normal-mode buffers)')
+
+
+class _TorchCudaEvent:
+    def __init__(self) -> None:
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def current_stream_wait(self) -> None:
+        torch.cuda.current_stream().wait_event(self.event)
+
+
+class Buffer:
+    """The expert-parallel communication buffer, low-latency mode (DeepEP V1 API).
+
+    Attributes (as DeepEP's): rank, group_size, group, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
+    explicitly_destroy, enable_shrink, runtime, nvshmem_qp_depth; class attribute num_sms.
+    """
+
+    num_sms: int = 20
+
+    def __init__(self, group: Optional[dist.ProcessGroup], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False, use_fabric: bool = False,
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Optional[Any] = None) -> None:
+        if group is not None:
+            self.rank, self.group_size = dist.get_rank(group), dist.get_world_size(group)
+        elif comm is not None:
+            self.rank, self.group_size = comm.Get_rank(), comm.Get_size()
+        else:
+            raise ValueError('Buffer needs a torch.distributed group or an mpi4py communicator (comm)')
+        if num_rdma_bytes % 128 != 0:
+            raise _invalid(f'num_rdma_bytes ({num_rdma_bytes}) must be a multiple of 128')
+        self.group = group
+        self.comm = comm
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.num_qps_per_rank = num_qps_per_rank  # a hint in DeepEP; llep needs no QPs per expert
+        self.allow_nvlink_for_low_latency_mode = allow_nvlink_for_low_latency_mode
+        self.allow_mnnvl = allow_mnnvl
+        self.use_fabric = use_fabric
+        self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
+        self.nvshmem_qp_depth = 1 << 30  # llep's queues are flow-controlled: no T bound from a QP depth
+        self.runtime: Optional[Any] = None  # created by the first low-latency call (collective)
+        self._shape: Optional[Tuple[int, int, int]] = None
+        self._provider = os.environ.get('LLEP_FABRIC_PROVIDER', 'shm')
+        self._timeout_s = float(os.environ.get('LLEP_TIMEOUT_S', '30'))
+        self._proxy_threads = int(os.environ.get('LLEP_PROXY_THREADS', '1'))
+        self._destroyed = False
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def _allgather(self, blob: bytes) -> list:
+        if self.group is not None:
+            out = [None] * self.group_size
+            dist.all_gather_object(out, blob, group=self.group)
+            return out
+        return list(self.comm.allgather(blob))
+
+    def _backend(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> Any:
+        if self._destroyed:
+            raise _llep.LlepFailedPreconditionError('Buffer.destroy() was called')
+        shape = (int(num_max_dispatch_tokens_per_rank), int(hidden), int(num_experts))
+        if self.runtime is not None:
+            if shape != self._shape:
+                raise _invalid(f'this Buffer holds the layout for (num_max_dispatch_tokens_per_rank, hidden, '
+                               f'num_experts) = {self._shape}, the call uses {shape}; every call must agree '
+                               '(switch with clean_low_latency_buffer on all ranks)')
+            return self.runtime
+        self._check_size(shape)
+        self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
+                                       self._provider, self._timeout_s, self._proxy_threads)
+        self._shape = shape
+        return self.runtime
+
+    def _check_size(self, shape: Tuple[int, int, int]) -> None:
+        need = _llep.ll_buffer_bytes(shape[0], shape[1], self.group_size, shape[2])
+        if 0 < self.num_rdma_bytes < need:
+            raise _invalid(f'num_rdma_bytes ({self.num_rdma_bytes}) is smaller than the {need} bytes this shape needs; '
+                           'size it with Buffer.get_low_latency_rdma_size_hint')
+
+    def destroy(self) -> None:
+        """Collectively releases the buffer (requires explicitly_destroy=True, as DeepEP)."""
+        if not self.explicitly_destroy:
+            raise RuntimeError('destroy() requires Buffer(..., explicitly_destroy=True)')
+        if self.runtime is not None:
+            runtime, self.runtime = self.runtime, None
+            runtime.close()
+        self._destroyed = True
+
+    def __del__(self) -> None:
+        # No collective here (DeepEP notes a destructor barrier can hang exception handling): just stop the proxy.
+        self.runtime = None
+
+    # ------------------------------------------------------------------------------------------ static
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        assert new_num_sms % 2 == 0, 'The SM count must be even'
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An event on the current stream (a completed event when there is no CUDA)."""
+        if torch.cuda.is_available():
+            return EventOverlap(_TorchCudaEvent())
+        return EventOverlap(CompletedEvent())
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        """Bytes llep's low-latency buffer needs for this shape (smaller than DeepEP's for the same shape)."""
+        return _llep.ll_buffer_bytes(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return Config(Buffer.num_sms)
+
+    def get_comm_stream(self) -> Any:
+        raise NotImplementedError('the CPU backend has no communication stream (GPU kernels not built yet)')
+
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> torch.Tensor:
+        raise NotImplementedError('get_local_buffer_tensor is not provided by llep')
+
+    # ------------------------------------------------------------------------------------------ normal mode
+
+    def get_dispatch_layout(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError('llep implements DeepEP\'s low-latency mode only')
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError('llep implements DeepEP\'s low-latency mode only')
+
+    def combine(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError('llep implements DeepEP\'s low-latency mode only')
+
+    # ------------------------------------------------------------------------------------------ low latency
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Collective. llep's signals carry call sequence numbers, so nothing needs zeroing; this (re)builds the
+        layout for (num_max_dispatch_tokens_per_rank, hidden, num_experts) and synchronises the ranks."""
+        shape = (int(num_max_dispatch_tokens_per_rank), int(hidden), int(num_experts))
+        self._check_size(shape)  # before closing anything: a refused switch keeps the old layout usable
+        if self.runtime is not None and shape != self._shape:
+            runtime, self.runtime = self.runtime, None
+            runtime.close()
+        self._backend(*shape)
+        self._allgather(b'')
+
+    def _finish(self, op: Any, keep: Tuple, async_finish: bool, return_recv_hook: bool
+                ) -> Tuple[EventOverlap, Optional[Callable[[], None]]]:
+        runtime = self.runtime
+        done = threading.Event()
+
+        def hook() -> None:
+            if done.is_set():
+                raise _llep.LlepFailedPreconditionError('this receive hook already ran')
+            done.set()
+            runtime.receive(op)  # releases the GIL while waiting; safe from another thread (vLLM DBO)
+            del keep_alive[:]
+
+        keep_alive = list(keep)  # raw pointers live in C++ until the receive phase ran
+        if return_recv_hook:
+            return EventOverlap(None, None), hook
+        hook()
+        return (EventOverlap(CompletedEvent(), keep) if async_finish else EventOverlap(None, None)), None
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False, **kwargs: Any) -> \
+            Tuple[Union[Tuple[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, Tuple, EventOverlap,
+                  Optional[Callable[[], None]]]:
+        """Sends each token to its top-k experts (DeepEP V1 semantics; see shared/spec/deepep-ll-api.md §4.1).
+
+        Returns (recv_x or (recv_x, recv_x_scales), recv_count, handle, event, hook). recv_x is
+        [num_local_experts, num_ranks * T, hidden]; rows of one (expert, source rank) block are in source-token
+        order and blocks in source order, so the result is deterministic.
+        """
+        _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
+        if async_finish and return_recv_hook:
+            raise _invalid('async_finish and return_recv_hook are mutually exclusive')
+        _check_tensor('x', x, torch.bfloat16, (None, None))
+        _check_tensor('topk_idx', topk_idx, topk_idx_t, (x.size(0), None))
+        num_tokens, hidden = x.shape
+        runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        T, R = int(num_max_dispatch_tokens_per_rank), self.group_size
+        E_loc, rows = int(num_experts) // R, R * int(num_max_dispatch_tokens_per_rank)
+        if cumulative_local_expert_recv_stats is not None:
+            _check_tensor('cumulative_local_expert_recv_stats', cumulative_local_expert_recv_stats, torch.int32, (E_loc,))
+        if dispatch_wait_recv_cost_stats is not None:
+            _check_tensor('dispatch_wait_recv_cost_stats', dispatch_wait_recv_cost_stats, torch.int64, (R,))
+
+        recv_x = torch.empty((E_loc, rows, hidden), dtype=(_FP8 or torch.uint8) if use_fp8 else torch.bfloat16)
+        scales = None
+        if use_fp8:
+            # Column-major in the last two dims (MN-major), as DeepGEMM's masked GEMM expects.
+            if use_ue8m0:
+                scales = torch.empty((E_loc, hidden // 512, rows), dtype=torch.int32).transpose(1, 2)
+            else:
+                scales = torch.empty((E_loc, hidden // 128, rows), dtype=torch.float32).transpose(1, 2)
+        recv_count = torch.empty((E_loc,), dtype=torch.int32)
+        src_info = torch.empty((E_loc, rows), dtype=torch.int32)
+        layout_range = torch.empty((E_loc, R), dtype=torch.int64)
+        op = runtime.dispatch_send(
+            x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
+            recv_x.data_ptr(), scales.data_ptr() if scales is not None else 0, recv_count.data_ptr(),
+            src_info.data_ptr(), layout_range.data_ptr(),
+            cumulative_local_expert_recv_stats.data_ptr() if cumulative_local_expert_recv_stats is not None else 0,
+            dispatch_wait_recv_cost_stats.data_ptr() if dispatch_wait_recv_cost_stats is not None else 0)
+        keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_local_expert_recv_stats,
+                dispatch_wait_recv_cost_stats)
+        event, hook = self._finish(op, keep, async_finish, return_recv_hook)
+        handle = (src_info, layout_range, T, hidden, int(num_experts))
+        return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: tuple, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None, **kwargs: Any) -> \
+            Tuple[torch.Tensor, EventOverlap, Optional[Callable[[], None]]]:
+        """Returns expert outputs to their tokens' ranks and reduces them: out[t] = sum_k w[t,k] * y(t,k) in fp32
+        in top-k order, -1 slots skipped, bitwise deterministic. use_logfmt is accepted and sent as BF16."""
+        _check_fork_kwargs('low_latency_combine', kwargs, _COMBINE_FORK_KWARGS)
+        if use_logfmt and zero_copy:
+            raise _invalid('use_logfmt and zero_copy cannot be combined')
+        if async_finish and return_recv_hook:
+            raise _invalid('async_finish and return_recv_hook are mutually exclusive')
+        if not isinstance(handle, tuple) or len(handle) != 5:
+            raise _invalid('handle must be the 5-tuple low_latency_dispatch returned')
+        src_info, layout_range, T, hidden, num_experts = handle
+        runtime = self._backend(T, hidden, num_experts)
+        R = self.group_size
+        E_loc, rows = num_experts // R, R * T
+        _check_tensor('x', x, torch.bfloat16, (E_loc, rows, hidden))
+        _check_tensor('topk_idx', topk_idx, topk_idx_t, (None, None))
+        _check_tensor('topk_weights', topk_weights, torch.float32, tuple(topk_idx.shape))
+        _check_tensor('handle[0] (src_info)', src_info, torch.int32, (E_loc, rows))
+        _check_tensor('handle[1] (layout_range)', layout_range, torch.int64, (E_loc, R))
+        num_tokens = topk_idx.size(0)
+        if out is None:
+            out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16)
+        else:
+            _check_tensor('out', out, torch.bfloat16, (num_tokens, hidden))
+        if combine_wait_recv_cost_stats is not None:
+            _check_tensor('combine_wait_recv_cost_stats', combine_wait_recv_cost_stats, torch.int64, (R,))
+        op = runtime.combine_send(
+            0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(), topk_weights.data_ptr(), num_tokens,
+            topk_idx.size(1), layout_range.data_ptr(), out.data_ptr(),
+            combine_wait_recv_cost_stats.data_ptr() if combine_wait_recv_cost_stats is not None else 0)
+        keep = (x, topk_idx, topk_weights, layout_range, out, combine_wait_recv_cost_stats)
+        event, hook = self._finish(op, keep, async_finish, return_recv_hook)
+        return out, event, hook
+
+    def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
+        """bf16 [num_local_experts, num_ranks * T, hidden] view of the staging the next combine reads with
+        zero_copy=True; rows are padded to (hidden + hidden / 64) elements, as in DeepEP."""
+        src_info, layout_range, T, hidden, num_experts = handle
+        runtime = self._backend(T, hidden, num_experts)
+        E_loc, rows, m = num_experts // self.group_size, self.group_size * T, runtime.combine_row_stride
+        flat = torch.frombuffer(runtime.next_combine_buffer(), dtype=torch.bfloat16)
+        return flat.as_strided((E_loc, rows, hidden), (rows * m, m, 1))
+
+    # ------------------------------------------------------------------------------------------ shrink / mask
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        raise NotImplementedError('rank masking (enable_shrink) is not implemented by llep yet')
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        raise NotImplementedError('rank masking (enable_shrink) is not implemented by llep yet')
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        raise NotImplementedError('rank masking (enable_shrink) is not implemented by llep yet')
