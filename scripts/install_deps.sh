@@ -10,6 +10,8 @@ PACKAGES=(
   libbenchmark-dev                                # micro-benchmarks
   libfabric-dev libfabric-bin                     # CPU proxy transport (shm, tcp;ofi_rxm, verbs, efa)
   libibverbs-dev                                  # native RC backend
+  python3-dev pybind11-dev                        # the llep Python package's native module
+  python3-torch python3-pytest                    # Python API tests (Debian's CPU-only torch 1.13)
 )
 
 missing=()
