@@ -20,9 +20,14 @@ export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFI
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+# The Python package is built for the interpreter that holds torch there; pybind11 comes from its pip package.
+py_args=()
+if py="$(command -v python3)" && pb="$("$py" -m pybind11 --cmakedir 2>/dev/null)"; then
+  py_args=(-DLLEP_PYTHON="$py" -Dpybind11_DIR="$pb")
+fi
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-  -DLLEP_REQUIRE_CUDA=ON "$@"
+  -DLLEP_REQUIRE_CUDA=ON "${py_args[@]}" "$@"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
