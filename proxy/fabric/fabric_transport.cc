@@ -7,6 +7,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -118,7 +119,9 @@ class FabricTransport final : public Transport {
     for (auto& c : tx_contexts_) free_tx_.push_back(&c);
     max_write_ = info_->ep_attr->max_msg_size > 0 ? info_->ep_attr->max_msg_size : (uint64_t{1} << 30);
     if ((info_->mode & FI_RX_CQ_DATA) != 0) {
-      rx_contexts_.resize(kPostedRecvs);
+      // Remote CQ data consumes a posted receive: keep as many posted as the receive queue holds (at most 256).
+      const size_t rx_depth = info_->rx_attr->size > 0 ? info_->rx_attr->size : kPostedRecvs;
+      rx_contexts_.resize(std::min<size_t>(kPostedRecvs, rx_depth));
       for (auto& c : rx_contexts_) {
         c.is_recv = true;
         LLEP_RETURN_IF_ERROR(PostRecv(&c));
@@ -251,13 +254,15 @@ class FabricTransport final : public Transport {
   }
 
   absl::Status PostRecv(OpContext* c) {
-    for (;;) {
+    // Bounded: a receive queue that never frees a slot is a provider failure, not something to spin on.
+    for (int attempt = 0; attempt < 1000000; ++attempt) {
       const ssize_t rc = fi_recv(ep_, nullptr, 0, nullptr, FI_ADDR_UNSPEC, c);
       if (rc == 0) return absl::OkStatus();
       if (rc != -FI_EAGAIN) return FiError(static_cast<int>(rc), "fi_recv");
       fi_cq_data_entry ignored;
       (void)fi_cq_read(cq_, &ignored, 0);  // progress, then retry
     }
+    return absl::ResourceExhaustedError(absl::StrCat(name_, ": receive queue stays full (fi_recv -FI_EAGAIN)"));
   }
 
   absl::Status ReadError() {
