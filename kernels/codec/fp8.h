@@ -76,6 +76,11 @@ LLEP_HD uint8_t FloatToE4m3(float f) {
   return sign | static_cast<uint8_t>(code);
 }
 
+/// max(acc, v) that ignores NaN in v, signalling NaNs included, as the GPU's max.f32 does. glibc's fmaxf follows
+/// IEEE maxNum and returns NaN for a signalling NaN (bf16 0x7F81.. are signalling), which would make the host
+/// amax differ from the GPU's, so host reductions use this instead.
+LLEP_HD float MaxIgnoringNan(float acc, float v) { return v > acc ? v : acc; }
+
 /// ceil(log2(x)) for a positive normal float, from its exponent bits (DeepEP's fast_log2_ceil).
 LLEP_HD int Log2Ceil(float x) {
   const uint32_t b = FloatBits(x);

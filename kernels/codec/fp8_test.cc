@@ -122,3 +122,17 @@ TEST(ScaleTest, FollowsDeepEpArithmetic) {
 
 }  // namespace
 }  // namespace llep::kernels
+
+namespace llep::kernels {
+namespace {
+
+TEST(ScaleTest, AmaxIgnoresEveryNanLikeTheGpu) {
+  const float snan = BitsToFloat(0x7F810000u), qnan = BitsToFloat(0x7FC10000u);
+  EXPECT_EQ(MaxIgnoringNan(INFINITY, snan), INFINITY);
+  EXPECT_EQ(MaxIgnoringNan(2.0f, qnan), 2.0f);
+  EXPECT_EQ(MaxIgnoringNan(2.0f, 3.0f), 3.0f);
+  EXPECT_EQ(MaxIgnoringNan(0.0f, INFINITY), INFINITY);
+}
+
+}  // namespace
+}  // namespace llep::kernels

@@ -81,7 +81,10 @@ void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a);
 /// acc[c] = fmaf(bf16(row[c]), w, acc[c]) for c < n: one top-k term of the combine sum, correctly rounded.
 void AccumulateWeightedRow(float* acc, const uint16_t* row, float w, int n);
 
-/// Encodes one bf16 token into a dispatch payload (FP8 + scales, or BF16): the reference codec.
+/// Encodes one bf16 token into a dispatch payload (FP8 + scales, or BF16), vectorised where the CPU allows
+/// (LLEP_CPU_PORTABLE_FP8=1 forces the scalar path). Bit-identical to EncodeDispatchPayloadReference.
 void EncodeDispatchPayload(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload);
+/// The scalar reference: FloatToE4m3 per element (kernels/codec/fp8.h).
+void EncodeDispatchPayloadReference(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload);
 
 }  // namespace llep::kernels

@@ -210,3 +210,37 @@ TEST(LlHostTest, VectorisedAccumulateMatchesFmafBitForBit) {
 
 }  // namespace
 }  // namespace llep::kernels
+
+namespace llep::kernels {
+namespace {
+
+TEST(LlHostTest, VectorisedEncodeMatchesReference) {
+  // Every bf16 pattern (NaN, inf, subnormals included) in every group position, under amax values that put
+  // the scaled values on both sides of 2^-6 and 448, for plain and power-of-two scales.
+  const int H = 512;
+  std::vector<uint16_t> x(H);
+  std::vector<uint8_t> got(protocol::Fp8PayloadBytes(H)), want(protocol::Fp8PayloadBytes(H));
+  std::mt19937 rng(23);
+  for (bool round_scale : {false, true}) {
+    const protocol::DispatchMode mode{true, round_scale, false};
+    for (uint32_t base = 0; base < 0x10000; base += H - 4) {
+      for (int c = 0; c < H; ++c) x[c] = static_cast<uint16_t>(base + c);
+      // Pin each group's amax to a random finite value so most patterns land in range.
+      for (int g = 0; g < H / 128; ++g) {
+        x[g * 128 + (rng() % 128)] = FloatToBf16(std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20));
+      }
+      EncodeDispatchPayload(x.data(), H, mode, got.data());
+      EncodeDispatchPayloadReference(x.data(), H, mode, want.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "byte " << i << " base " << base;
+    }
+    for (int trial = 0; trial < 2000; ++trial) {  // realistic activations
+      for (auto& v : x) v = FloatToBf16(std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 30) - 15));
+      EncodeDispatchPayload(x.data(), H, mode, got.data());
+      EncodeDispatchPayloadReference(x.data(), H, mode, want.data());
+      ASSERT_EQ(got, want) << "trial " << trial;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llep::kernels
