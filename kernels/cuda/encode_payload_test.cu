@@ -45,6 +45,9 @@ TEST(CudaCodecTest, HardwareE4m3MatchesReference) {
     }
   }
   for (float v : {448.0f, 464.0f, 1e30f, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-30f}) in.push_back(v);
+  for (uint32_t nan_bits : {0x7FC00000u, 0xFFC00000u, 0x7F810000u, 0xFF810000u, 0x7FFFFFFFu}) {
+    in.push_back(BitsToFloat(nan_bits));  // quiet and signalling NaNs of both signs
+  }
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> mant(1.0f, 2.0f);
   std::uniform_int_distribution<int> expo(-14, 10);
@@ -85,6 +88,12 @@ TEST(CudaCodecTest, EncoderKernelMatchesHostEncoder) {
         x[t * H + g * 128 + c] = FloatToBf16(std::uniform_real_distribution<float>(-amp, amp)(rng));
       }
     }
+  }
+  // Special values in a few tokens: signalling/quiet NaNs of both signs, infinities, subnormals. The amax must
+  // ignore every NaN on both sides (GPU max.f32, host MaxIgnoringNan).
+  const uint16_t specials[] = {0x7F81, 0xFF81, 0x7FC1, 0xFFC1, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x0080};
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < 9; ++i) x[static_cast<size_t>(t) * H + (t * 131 + i * 37) % H] = specials[(i + t) % 9];
   }
   uint16_t* d_x = nullptr;
   uint8_t* d_region = nullptr;
