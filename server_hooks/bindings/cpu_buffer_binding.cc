@@ -65,13 +65,8 @@ class PyCpuBuffer {
     c.layout_range = Ptr<int64_t>(layout_range);
     c.cumulative_local_expert_recv_stats = Ptr<int32_t>(cumulative_stats);
     c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
-    absl::StatusOr<PendingOp> op;
-    {
-      py::gil_scoped_release nogil;
-      op = Live()->DispatchSend(c);
-    }
-    ThrowIfError(op.status());
-    return std::make_shared<PendingOp>(*std::move(op));
+    CpuBuffer* buf = Live();
+    return SendWithoutGil([&] { return buf->DispatchSend(c); });
   }
 
   std::shared_ptr<PendingOp> CombineSend(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights,
@@ -87,13 +82,8 @@ class PyCpuBuffer {
     c.layout_range = Ptr<const int64_t>(layout_range);
     c.out = Ptr<uint16_t>(out);
     c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
-    absl::StatusOr<PendingOp> op;
-    {
-      py::gil_scoped_release nogil;
-      op = Live()->CombineSend(c);
-    }
-    ThrowIfError(op.status());
-    return std::make_shared<PendingOp>(*std::move(op));
+    CpuBuffer* buf = Live();
+    return SendWithoutGil([&] { return buf->CombineSend(c); });
   }
 
   /// The receive phase (the hook). Releases the GIL while waiting: vLLM runs hooks from another thread.
@@ -131,6 +121,18 @@ class PyCpuBuffer {
   }
 
  private:
+  // Runs a send phase with the GIL released (it may wait on a full proxy ring) and wraps the pending op.
+  template <typename SendFn>
+  static std::shared_ptr<PendingOp> SendWithoutGil(SendFn&& send) {
+    absl::StatusOr<PendingOp> op;
+    {
+      py::gil_scoped_release nogil;
+      op = send();
+    }
+    ThrowIfError(op.status());
+    return std::make_shared<PendingOp>(*std::move(op));
+  }
+
   CpuBuffer* Live() {
     if (!buffer_) ThrowIfError(absl::FailedPreconditionError("buffer was destroyed"));
     return buffer_.get();
