@@ -63,7 +63,8 @@ void RunExperts(const WorkloadConfig& cfg, int my_rank, const DispatchOutputs& d
 /// Checks combine output bf16 [num_tokens, H] bit for bit: sum over k in top-k order of fmaf(y, w, acc).
 absl::Status CheckCombine(const WorkloadConfig& cfg, int my_rank, uint64_t iteration, const uint16_t* combined);
 
-/// Bytes this rank's inputs put on the wire to other ranks (dispatch, combine), for throughput reports.
+/// Remote bytes moved for this rank's tokens, for throughput reports: dispatch = messages (payload + header) it
+/// sends to other ranks, combine = rows other ranks return to it (local experts' traffic never leaves the rank).
 struct WireBytes {
   int64_t dispatch = 0;
   int64_t combine = 0;
