@@ -16,20 +16,21 @@
 namespace llep {
 namespace {
 
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));                \
-      return 1;                                                                              \
-    }                                                                                        \
+#define CHECK_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
 
 __global__ void FloodKernel(protocol::FifoRingHandle ring, int per_warp) {
   if (threadIdx.x % 32 != 0) return;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   for (int i = 0; i < per_warp; ++i) {
-    if (!protocol::FifoPush(ring, protocol::MakeWriteCmd(protocol::LlOp::kDispatch, 0, warp & 0xFFFF, 0, 16 * i, 7392))) return;
+    if (!protocol::FifoPush(ring, protocol::MakeWriteCmd(protocol::LlOp::kDispatch, 0, warp & 0xFFFF, 0, 16 * i, 7392)))
+      return;
   }
 }
 
@@ -112,8 +113,10 @@ int Main() {
   std::sort(ns.begin() + 100, ns.end());  // first 100 rounds are warm-up
   const size_t n = ns.size() - 100;
   auto q = [&](double f) { return ns[100 + static_cast<size_t>(f * (n - 1))] / 1000.0; };
-  std::printf("\nping-pong GPU push -> host pop -> GPU sees ack (%d rounds): round trip median %.2f us, p99 %.2f us;"
-              " push-to-pop <= %.2f us median\n", kRounds, q(0.5), q(0.99), q(0.5) / 2);
+  std::printf(
+      "\nping-pong GPU push -> host pop -> GPU sees ack (%d rounds): round trip median %.2f us, p99 %.2f us;"
+      " push-to-pop <= %.2f us median\n",
+      kRounds, q(0.5), q(0.99), q(0.5) / 2);
   cudaFree(d_ns);
   cudaFreeHost(ack);
   return 0;

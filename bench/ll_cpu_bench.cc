@@ -144,11 +144,12 @@ absl::Status BenchRank(Bootstrap& boot, const selftest::WorkloadConfig& cfg) {
   const double n = static_cast<double>(samples.size()) * cfg.shape.num_ranks;
   const double disp_bytes_per_rank = total_dispatch_bytes / n, comb_bytes_per_rank = total_combine_bytes / n;
   const protocol::LlLayout layout = buf->layout();
-  const int64_t deepep = protocol::DeepEpV1LowLatencySizeHint(cfg.shape.max_tokens_per_rank, cfg.shape.hidden,
-                                                               cfg.shape.num_experts);
+  const int64_t deepep =
+      protocol::DeepEpV1LowLatencySizeHint(cfg.shape.max_tokens_per_rank, cfg.shape.hidden, cfg.shape.num_experts);
   std::printf("\nllep CPU backend: %s over %s, %d proxy thread(s)/rank, %d timed iterations (%d verified, all exact)\n",
               selftest::Describe(cfg).c_str(), buf->transport_name().c_str(), opt.num_proxy_threads, iters, verified);
-  std::printf("buffer per rank: %.1f MB (DeepEP V1 hint for this shape: %.1f MB)\n", layout.total_bytes / 1e6, deepep / 1e6);
+  std::printf("buffer per rank: %.1f MB (DeepEP V1 hint for this shape: %.1f MB)\n", layout.total_bytes / 1e6,
+              deepep / 1e6);
   std::printf("remote bytes per rank per call: dispatch %.2f MB, combine %.2f MB; rank 0 proxy: %llu writes\n",
               disp_bytes_per_rank / 1e6, comb_bytes_per_rank / 1e6, static_cast<unsigned long long>(st.writes_posted));
   std::printf("\n%-15s %12s %12s %14s\n", "phase", "median us", "p99 us", "remote GB/s");
@@ -168,7 +169,8 @@ absl::Status BenchRank(Bootstrap& boot, const selftest::WorkloadConfig& cfg) {
     f << "{\n  \"backend\": \"cpu\",\n  \"transport\": \"" << buf->transport_name() << "\",\n  \"config\": \""
       << selftest::Describe(cfg) << "\",\n  \"ranks\": " << cfg.shape.num_ranks << ",\n  \"iterations\": " << iters
       << ",\n  \"verified_iterations\": " << verified << ",\n  \"buffer_bytes\": " << layout.total_bytes
-      << ",\n  \"deepep_v1_hint_bytes\": " << deepep << ",\n  \"dispatch_remote_bytes_per_rank\": " << disp_bytes_per_rank
+      << ",\n  \"deepep_v1_hint_bytes\": " << deepep
+      << ",\n  \"dispatch_remote_bytes_per_rank\": " << disp_bytes_per_rank
       << ",\n  \"combine_remote_bytes_per_rank\": " << comb_bytes_per_rank << ",\n  \"phases_us\": {";
     for (int p = 0; p < kNumPhases; ++p) {
       f << (p ? "," : "") << "\n    \"" << kPhaseNames[p] << "\": {\"median\": " << percentile(p, 0.5) * 1e6
@@ -191,8 +193,8 @@ int main(int argc, char** argv) {
                absl::GetFlag(FLAGS_ranks)};
   cfg.num_topk = absl::GetFlag(FLAGS_topk);
   cfg.mode = llep::ParseMode(absl::GetFlag(FLAGS_dispatch));
-  cfg.hole_fraction = 0.0;        // decode-shaped traffic: every token uses its top-k
-  cfg.vary_num_tokens = false;    // every rank sends T tokens
+  cfg.hole_fraction = 0.0;      // decode-shaped traffic: every token uses its top-k
+  cfg.vary_num_tokens = false;  // every rank sends T tokens
   llep::LocalJobOptions job;
   job.num_ranks = cfg.shape.num_ranks;
   job.timeout = absl::Minutes(20);

@@ -60,8 +60,8 @@ absl::Status ArrivalCounter::OnImmediate(uint32_t imm) {
     key.signal_word = slot.signal_word;
   }
   if (key.signal_seen && key.arrived > key.announced) {
-    return absl::InternalError(absl::StrCat("rank ", f.src_rank, " delivered ", key.arrived, " data writes but announced ",
-                                            key.announced));
+    return absl::InternalError(
+        absl::StrCat("rank ", f.src_rank, " delivered ", key.arrived, " data writes but announced ", key.announced));
   }
   MaybePublish(key, f.op, f.half, f.src_rank);
   return absl::OkStatus();

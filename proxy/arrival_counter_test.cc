@@ -17,7 +17,8 @@ using protocol::PackImm;
 class ArrivalCounterTest : public ::testing::Test {
  protected:
   ArrivalCounterTest()
-      : layout_(protocol::ComputeLlLayout({4, 128, 8, 4})), region_(new uint8_t[layout_.total_bytes]()),
+      : layout_(protocol::ComputeLlLayout({4, 128, 8, 4})),
+        region_(new uint8_t[layout_.total_bytes]()),
         counter_(layout_, region_.get()) {}
 
   void Inbox(LlOp op, int half, int src, uint64_t word, uint32_t writes) {

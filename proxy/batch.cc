@@ -8,7 +8,8 @@ using protocol::FifoCmdFields;
 using protocol::FifoOpcode;
 
 int GroupAndMerge(FifoCmdFields* cmds, int n) {
-  std::stable_sort(cmds, cmds + n, [](const FifoCmdFields& a, const FifoCmdFields& b) { return a.dst_rank < b.dst_rank; });
+  std::stable_sort(cmds, cmds + n,
+                   [](const FifoCmdFields& a, const FifoCmdFields& b) { return a.dst_rank < b.dst_rank; });
   int out = 0;
   for (int i = 0; i < n; ++i) {
     const FifoCmdFields& c = cmds[i];

@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& l
                                                      const ProxyOptions& options) {
   if (transports.empty()) return absl::InvalidArgumentError("a proxy needs at least one transport");
   if (options.fifo_entries < 2 || (options.fifo_entries & (options.fifo_entries - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("fifo_entries must be a power of two >= 2, got ", options.fifo_entries));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fifo_entries must be a power of two >= 2, got ", options.fifo_entries));
   }
   std::unique_ptr<Proxy> p(new Proxy(layout, rank, region, options));
   const size_t keys = static_cast<size_t>(protocol::kNumLlOps) * protocol::kNumHalves * layout.shape.num_ranks;
@@ -66,8 +67,8 @@ absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& l
     t->transport = std::move(tr);
     t->counter = std::make_unique<ArrivalCounter>(layout, region);
     t->ring.reset(new FifoCmd[options.fifo_entries]());
-    t->handle = protocol::FifoRingHandle{t->ring.get(), &t->head, &t->tail, &t->tail_cache, &p->abort_flag_,
-                                         options.fifo_entries};
+    t->handle = protocol::FifoRingHandle{t->ring.get(),  &t->head,        &t->tail,
+                                         &t->tail_cache, &p->abort_flag_, options.fifo_entries};
     t->consumer = std::make_unique<FifoConsumer>(t->handle);
     t->batch.resize(options.max_batch);
     t->fields.resize(options.max_batch);

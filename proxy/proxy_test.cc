@@ -139,8 +139,9 @@ TEST(ProxyTest, SignalsAppearOnlyAfterTheirDataUnderReordering) {
     // Rank 0 writes 3 chunks of a recognisable pattern into rank 1's receive area, then signals.
     for (int c = 0; c < 3; ++c) {
       std::memset(p.regions[0].get() + base + c * chunk, static_cast<int>((seq + c) & 0xFF), chunk);
-      ASSERT_TRUE(protocol::FifoPush(p.proxies[0]->ring(0), protocol::MakeWriteCmd(LlOp::kDispatch, half, 1, base + c * chunk,
-                                                                                    base + c * chunk, chunk)));
+      ASSERT_TRUE(protocol::FifoPush(
+          p.proxies[0]->ring(0),
+          protocol::MakeWriteCmd(LlOp::kDispatch, half, 1, base + c * chunk, base + c * chunk, chunk)));
     }
     ASSERT_TRUE(protocol::FifoPush(p.proxies[0]->ring(0),
                                    protocol::MakeSignalCmd(LlOp::kDispatch, half, 1, protocol::PackSignal(seq, 42))));
@@ -186,9 +187,10 @@ FifoCmdFields Signal(int dst) {
 }
 
 TEST(BatchTest, GroupsByDestinationAndMergesContiguousWrites) {
-  std::vector<FifoCmdFields> c = {Write(2, 0, 1024, 16),  Write(1, 0, 0, 32),    Write(2, 16, 1040, 16),
-                                  Write(1, 32, 32, 32),   Write(1, 96, 64, 32),  Signal(2),
-                                  Write(2, 32, 1056, 16), Signal(1),             Write(1, 128, 96, 32, 1)};
+  std::vector<FifoCmdFields> c = {
+      Write(2, 0, 1024, 16),   Write(1, 0, 0, 32), Write(2, 16, 1040, 16), Write(1, 32, 32, 32),
+      Write(1, 96, 64, 32),    Signal(2),          Write(2, 32, 1056, 16), Signal(1),
+      Write(1, 128, 96, 32, 1)};
   const int n = GroupAndMerge(c.data(), static_cast<int>(c.size()));
   ASSERT_EQ(n, 7);
   // rank 1: [0,64) merged; [96) not contiguous locally; signal; the half-1 write stays separate.
@@ -240,7 +242,8 @@ TEST(FifoRingTest, ManyProducersLoseNothing) {
   for (int p = 0; p < kProducers; ++p) {
     producers.emplace_back([&, p] {
       for (uint64_t i = 0; i < kPerProducer; ++i) {
-        ASSERT_TRUE(protocol::FifoPush(r.handle, protocol::MakeSignalCmd(LlOp::kDispatch, 0, p, (uint64_t(p) << 32) | i)));
+        ASSERT_TRUE(
+            protocol::FifoPush(r.handle, protocol::MakeSignalCmd(LlOp::kDispatch, 0, p, (uint64_t(p) << 32) | i)));
       }
     });
   }

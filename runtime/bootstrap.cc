@@ -17,9 +17,11 @@ class CallbackBootstrap final : public Bootstrap {
   absl::StatusOr<std::vector<std::string>> AllGather(const std::string& blob) override {
     LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, fn_(blob));
     if (static_cast<int>(all.size()) != size_) {
-      return absl::InternalError(absl::StrCat("allgather callback returned ", all.size(), " blobs for ", size_, " ranks"));
+      return absl::InternalError(
+          absl::StrCat("allgather callback returned ", all.size(), " blobs for ", size_, " ranks"));
     }
-    if (all[rank_] != blob) return absl::InternalError("allgather callback did not return this rank's blob at its index");
+    if (all[rank_] != blob)
+      return absl::InternalError("allgather callback did not return this rank's blob at its index");
     return all;
   }
 
@@ -30,8 +32,7 @@ class CallbackBootstrap final : public Bootstrap {
 
 class StoreBootstrap final : public Bootstrap {
  public:
-  StoreBootstrap(int rank, int size, std::unique_ptr<TcpStoreClient> client, std::string prefix,
-                 absl::Duration timeout)
+  StoreBootstrap(int rank, int size, std::unique_ptr<TcpStoreClient> client, std::string prefix, absl::Duration timeout)
       : rank_(rank), size_(size), client_(std::move(client)), prefix_(std::move(prefix)), timeout_(timeout) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }

@@ -102,8 +102,8 @@ absl::Status CpuBuffer::Init() {
       for (int i = 0; i < options_.num_proxy_threads; ++i) per_thread[i][r] = std::move(mine[i]);
     }
     for (int i = 0; i < options_.num_proxy_threads; ++i) LLEP_RETURN_IF_ERROR(transports[i]->Connect(per_thread[i]));
-    LLEP_ASSIGN_OR_RETURN(proxy_, proxy::Proxy::Create(layout_, rank_, region_.data(), std::move(transports),
-                                                        options_.proxy));
+    LLEP_ASSIGN_OR_RETURN(proxy_,
+                          proxy::Proxy::Create(layout_, rank_, region_.data(), std::move(transports), options_.proxy));
     for (int d = 0; d < R; ++d) {
       if (d != rank_) peers_[d].fifo = &proxy_->ring(proxy::Proxy::ThreadFor(rank_, d, proxy_->num_threads()));
     }
@@ -133,9 +133,9 @@ absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
   const uint32_t next = seq_ + 1 == 0 ? 2 : seq_ + 1;
   for (uint32_t s : unreceived_) {
     if (protocol::HalfOfSeq(s) == protocol::HalfOfSeq(next)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "at most two low-latency operations may be in flight: ", OpName(op), " call ", next,
-          " would reuse the buffer half of call ", s, ", whose receive (hook) has not run"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("at most two low-latency operations may be in flight: ", OpName(op), " call ", next,
+                       " would reuse the buffer half of call ", s, ", whose receive (hook) has not run"));
     }
   }
   seq_ = next;
@@ -150,7 +150,8 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   if (call.num_tokens > 0 && call.x == nullptr) return absl::InvalidArgumentError("dispatch x is null");
   if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
       call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {
-    return absl::InvalidArgumentError("dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
+    return absl::InvalidArgumentError(
+        "dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
   }
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   absl::MutexLock lock(&mu_);
@@ -216,13 +217,15 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
     for (size_t i = 0; i < pending.size();) {
       const int src = pending[i];
       // Pairs with the release store of the signal (ll_host.cc for direct peers, arrival_counter.cc for proxied).
-      const uint64_t word = __atomic_load_n(
-          reinterpret_cast<const uint64_t*>(region_.data() + layout_.SignalOffset(half, op.op_, src)), __ATOMIC_ACQUIRE);
+      const uint64_t word =
+          __atomic_load_n(reinterpret_cast<const uint64_t*>(region_.data() + layout_.SignalOffset(half, op.op_, src)),
+                          __ATOMIC_ACQUIRE);
       const uint32_t s = protocol::SignalSeq(word);
       if (s == op.seq_) {
         (*values)[src] = protocol::SignalValue(word);
         if (wait_stats != nullptr) {
-          wait_stats[src] += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+          wait_stats[src] +=
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
         }
         pending[i] = pending.back();
         pending.pop_back();
@@ -237,13 +240,15 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
     }
     if (pending.empty()) break;
     if (proxy_ != nullptr) {
-      if (absl::Status s = proxy_->status(); !s.ok()) return base::Annotate(s, absl::StrCat(OpName(op.op_), " receive"));
+      if (absl::Status s = proxy_->status(); !s.ok())
+        return base::Annotate(s, absl::StrCat(OpName(op.op_), " receive"));
     }
     if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::sort(pending.begin(), pending.end());
-      return absl::DeadlineExceededError(absl::StrCat(
-          OpName(op.op_), " call ", op.seq_, " timed out after ", absl::FormatDuration(options_.timeout),
-          " waiting for rank(s) ", absl::StrJoin(pending, ", "), " (peer dead, stalled, or calling a different sequence)"));
+      return absl::DeadlineExceededError(absl::StrCat(OpName(op.op_), " call ", op.seq_, " timed out after ",
+                                                      absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
+                                                      absl::StrJoin(pending, ", "),
+                                                      " (peer dead, stalled, or calling a different sequence)"));
     }
     if (spins > 256) std::this_thread::sleep_for(std::chrono::microseconds(spins > 4096 ? 50 : 5));
   }

@@ -31,10 +31,12 @@ class CudaFifoRing {
     protocol::FifoCmd* d_ring = nullptr;
     uint64_t* d_host_words = nullptr;
     if ((e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_ring), ring_, 0)) != cudaSuccess) return e;
-    if ((e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_host_words), host_words_, 0)) != cudaSuccess) return e;
+    if ((e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_host_words), host_words_, 0)) != cudaSuccess)
+      return e;
     // host_words_[0] = tail, host_words_[1] = abort flag (low 32 bits)
-    device = {d_ring, dev_words_, d_host_words, dev_words_ + 1,
-              reinterpret_cast<const volatile int32_t*>(d_host_words + 1), size};
+    device = {
+        d_ring, dev_words_, d_host_words, dev_words_ + 1, reinterpret_cast<const volatile int32_t*>(d_host_words + 1),
+        size};
     host = {ring_, nullptr, host_words_, nullptr, reinterpret_cast<const volatile int32_t*>(host_words_ + 1), size};
     return cudaSuccess;
   }

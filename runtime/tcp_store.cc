@@ -181,7 +181,7 @@ void TcpStoreServer::Serve() {
 // ---------------------------------------------------------------------------------------------------- client
 
 absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::string& host, int port,
-                                                                         absl::Duration timeout) {
+                                                                        absl::Duration timeout) {
   LLEP_ASSIGN_OR_RETURN(sockaddr_in addr, MakeAddr(host, port));
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
@@ -195,8 +195,9 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const st
     const int err = errno;
     close(fd);
     if (absl::Now() >= deadline) {
-      return base::Annotate(base::ErrnoToStatus(err == ECONNREFUSED ? ETIMEDOUT : err, "connect"),
-                            absl::StrCat("tcp store ", host, ":", port, " unreachable for ", absl::FormatDuration(timeout)));
+      return base::Annotate(
+          base::ErrnoToStatus(err == ECONNREFUSED ? ETIMEDOUT : err, "connect"),
+          absl::StrCat("tcp store ", host, ":", port, " unreachable for ", absl::FormatDuration(timeout)));
     }
     usleep(10000);
   }
@@ -235,7 +236,8 @@ absl::Status TcpStoreClient::Request(uint8_t op, const std::string& key, const s
   size_t want = 5;
   while (in.size() < want) {
     const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left_ms <= 0) return absl::DeadlineExceededError(absl::StrCat("tcp store: key '", key, "' not available in time"));
+    if (left_ms <= 0)
+      return absl::DeadlineExceededError(absl::StrCat("tcp store: key '", key, "' not available in time"));
     pollfd p{fd_, POLLIN, 0};
     const int rc = poll(&p, 1, static_cast<int>(left_ms < 1000 ? left_ms : 1000));
     if (rc < 0 && errno != EINTR) return base::ErrnoToStatus(errno, "tcp store poll");

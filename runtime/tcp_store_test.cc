@@ -75,9 +75,8 @@ TEST(BootstrapTest, StoreAllGatherAcrossThreads) {
 }
 
 TEST(BootstrapTest, CallbackResultIsChecked) {
-  auto short_result = MakeCallbackBootstrap(0, 2, [](const std::string& b) {
-    return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{b});
-  });
+  auto short_result = MakeCallbackBootstrap(
+      0, 2, [](const std::string& b) { return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{b}); });
   EXPECT_EQ(short_result->AllGather("x").status().code(), absl::StatusCode::kInternal);
   auto ok = MakeCallbackBootstrap(1, 2, [](const std::string& b) {
     return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{"other", b});

@@ -16,14 +16,16 @@ absl::Status ValidateShape(const LlShape& s) {
                                                    protocol::kMaxTokensPerRank, "], got ", s.max_tokens_per_rank));
   }
   if (s.hidden <= 0 || s.hidden % protocol::kChannelsPerScale != 0 || s.hidden > protocol::kMaxHidden) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden must be a positive multiple of 128 up to ",
-                                                   protocol::kMaxHidden, ", got ", s.hidden));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden must be a positive multiple of 128 up to ", protocol::kMaxHidden, ", got ", s.hidden));
   }
   if (s.num_ranks < 1 || s.num_ranks > protocol::kMaxRanks) {
-    return absl::InvalidArgumentError(absl::StrCat("num_ranks must be in [1, ", protocol::kMaxRanks, "], got ", s.num_ranks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_ranks must be in [1, ", protocol::kMaxRanks, "], got ", s.num_ranks));
   }
   if (s.num_experts < 1 || s.num_experts > protocol::kMaxExperts) {
-    return absl::InvalidArgumentError(absl::StrCat("num_experts must be in [1, ", protocol::kMaxExperts, "], got ", s.num_experts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts must be in [1, ", protocol::kMaxExperts, "], got ", s.num_experts));
   }
   if (s.num_experts % s.num_ranks != 0) {
     return absl::InvalidArgumentError(
@@ -39,8 +41,8 @@ absl::Status ValidateShape(const LlShape& s) {
   }
   const protocol::LlLayout layout = protocol::ComputeLlLayout(s);
   if (static_cast<uint64_t>(layout.total_bytes) > protocol::kCmdMaxOffset) {
-    return absl::ResourceExhaustedError(absl::StrCat("buffer of ", layout.total_bytes,
-                                                     " bytes exceeds the 64 GiB reach of proxy command offsets"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("buffer of ", layout.total_bytes, " bytes exceeds the 64 GiB reach of proxy command offsets"));
   }
   return absl::OkStatus();
 }
@@ -49,8 +51,8 @@ absl::Status ValidateDispatchMode(const LlShape& s, const protocol::DispatchMode
   if (m.use_ue8m0 && !m.round_scale) return absl::InvalidArgumentError("use_ue8m0 requires round_scale");
   if (m.round_scale && !m.use_fp8) return absl::InvalidArgumentError("round_scale requires use_fp8");
   if (m.use_ue8m0 && s.hidden % protocol::kChannelsPerPackedUe8m0 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("use_ue8m0 packs 4 scales per int32: hidden must be a multiple of 512, got ",
-                                                   s.hidden));
+    return absl::InvalidArgumentError(
+        absl::StrCat("use_ue8m0 packs 4 scales per int32: hidden must be a multiple of 512, got ", s.hidden));
   }
   return absl::OkStatus();
 }
@@ -61,7 +63,8 @@ absl::Status ValidateCounts(const LlShape& s, int num_tokens, int num_topk) {
                                                    s.max_tokens_per_rank, "] (num_max_dispatch_tokens_per_rank)"));
   }
   if (num_topk < 1 || num_topk > protocol::kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrCat("num_topk must be in [1, ", protocol::kMaxTopK, "], got ", num_topk));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_topk must be in [1, ", protocol::kMaxTopK, "], got ", num_topk));
   }
   return absl::OkStatus();
 }
@@ -72,8 +75,8 @@ absl::Status ValidateTopk(const LlShape& s, const int64_t* topk_idx, int num_tok
     const int64_t* row = topk_idx + static_cast<size_t>(t) * num_topk;
     for (int k = 0; k < num_topk; ++k) {
       if (row[k] < -1 || row[k] >= s.num_experts) {
-        return absl::InvalidArgumentError(absl::StrCat("topk_idx[", t, "][", k, "] = ", row[k],
-                                                       " is out of range [-1, ", s.num_experts, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("topk_idx[", t, "][", k, "] = ", row[k], " is out of range [-1, ", s.num_experts, ")"));
       }
       for (int j = 0; j < k && row[k] >= 0; ++j) {
         if (row[j] == row[k]) {

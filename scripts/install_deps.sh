@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   cmake ninja-build g++ make pkg-config python3   # build
+  git clang-format                                # lint: formatting check (clang-format 14 on Debian 12)
   libabsl-dev                                     # Status/StatusOr, containers, synchronization, flags
   libgtest-dev libgmock-dev                       # tests (GTest + GMock CMake configs)
   libbenchmark-dev                                # micro-benchmarks

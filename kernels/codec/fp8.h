@@ -55,8 +55,8 @@ LLEP_HD uint8_t FloatToE4m3(float f) {
   const uint32_t u = FloatBits(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return 0x7F;                      // NaN
-  if (a > FloatBits(kFp8E4m3Max)) return sign | 0x7E;     // beyond 448, incl. inf: saturate
+  if (a > 0x7F800000u) return 0x7F;                    // NaN
+  if (a > FloatBits(kFp8E4m3Max)) return sign | 0x7E;  // beyond 448, incl. inf: saturate
   const int exp = static_cast<int>(a >> 23) - 127;
   if (exp < -6) {
     // Below the smallest normal (2^-6): e4m3 subnormals are m * 2^-9; the scaling by 2^9 is exact.

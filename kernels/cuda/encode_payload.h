@@ -13,11 +13,11 @@
 namespace llep::kernels::cuda {
 
 struct EncodePayloadArgs {
-  protocol::LlLayout layout;      ///< by value: the kernel computes every offset from it
+  protocol::LlLayout layout;  ///< by value: the kernel computes every offset from it
   protocol::DispatchMode mode;
-  uint32_t seq = 0;               ///< picks the half
-  const uint16_t* x = nullptr;    ///< bf16 [num_tokens, H] on the device
-  uint8_t* region = nullptr;      ///< this rank's LL region on the device
+  uint32_t seq = 0;             ///< picks the half
+  const uint16_t* x = nullptr;  ///< bf16 [num_tokens, H] on the device
+  uint8_t* region = nullptr;    ///< this rank's LL region on the device
   int num_tokens = 0;
 };
 

@@ -66,7 +66,8 @@ TEST(CudaCodecTest, HardwareE4m3MatchesReference) {
   for (int i = 0; i < n && mismatches < 10; ++i) {
     if (out[i] != FloatToE4m3(in[i])) {
       ++mismatches;
-      ADD_FAILURE() << "x = " << in[i] << ": gpu 0x" << std::hex << int(out[i]) << ", reference 0x" << int(FloatToE4m3(in[i]));
+      ADD_FAILURE() << "x = " << in[i] << ": gpu 0x" << std::hex << int(out[i]) << ", reference 0x"
+                    << int(FloatToE4m3(in[i]));
     }
   }
   cudaFree(d_in);

@@ -24,11 +24,10 @@ void StoreSignalRelease(uint8_t* base, int64_t offset, uint64_t word) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(base + offset), word, __ATOMIC_RELEASE);
 }
 
-bool PushWrite(const HostPeer& peer, LlOp op, int half, int dst, int64_t local_off, int64_t remote_off,
-               int64_t bytes) {
-  return protocol::FifoPush(*peer.fifo, protocol::MakeWriteCmd(op, half, dst, static_cast<uint64_t>(local_off),
-                                                               static_cast<uint64_t>(remote_off),
-                                                               static_cast<uint64_t>(bytes)));
+bool PushWrite(const HostPeer& peer, LlOp op, int half, int dst, int64_t local_off, int64_t remote_off, int64_t bytes) {
+  return protocol::FifoPush(*peer.fifo,
+                            protocol::MakeWriteCmd(op, half, dst, static_cast<uint64_t>(local_off),
+                                                   static_cast<uint64_t>(remote_off), static_cast<uint64_t>(bytes)));
 }
 
 bool PushSignal(const HostPeer& peer, LlOp op, int half, int dst, uint64_t word) {
@@ -51,7 +50,7 @@ void AccumulatePortable(float* acc, const uint16_t* row, float w, int n) {
 // 8-wide vfmadd instead of a libm call per element: 50x on the combine inner loop (bench/RESULTS.md,
 // codec_bench BM_CombineAccumulateRow/7168: 19.5 us -> 0.39 us per row).
 __attribute__((target("avx2,fma"), optimize("tree-vectorize"))) void AccumulateAvx2(float* acc, const uint16_t* row,
-                                                                                   float w, int n) {
+                                                                                    float w, int n) {
   for (int c = 0; c < n; ++c) acc[c] = __builtin_fmaf(BitsToFloat(uint32_t{row[c]} << 16), w, acc[c]);
 }
 #endif
@@ -117,8 +116,9 @@ __attribute__((target("avx2"))) float EncodeGroupAvx2(const uint16_t* xg, bool r
     const __m256i rem = _mm256_and_si256(a, _mm256_set1_epi32(0xFFFFF));
     const __m256i half = _mm256_set1_epi32(0x80000);
     const __m256i odd = _mm256_and_si256(keep, _mm256_set1_epi32(1));
-    const __m256i up = _mm256_or_si256(_mm256_cmpgt_epi32(rem, half),
-                                       _mm256_and_si256(_mm256_cmpeq_epi32(rem, half), _mm256_cmpeq_epi32(odd, _mm256_set1_epi32(1))));
+    const __m256i up =
+        _mm256_or_si256(_mm256_cmpgt_epi32(rem, half),
+                        _mm256_and_si256(_mm256_cmpeq_epi32(rem, half), _mm256_cmpeq_epi32(odd, _mm256_set1_epi32(1))));
     __m256i normal = _mm256_sub_epi32(_mm256_sub_epi32(keep, _mm256_set1_epi32(120 << 3)), up);  // up is -1 or 0
     normal = _mm256_min_epi32(normal, _mm256_set1_epi32(0x7E));
     // Subnormal path: |v| * 2^9 rounded to nearest even (exact scaling; 8 encodes the smallest normal).
@@ -127,14 +127,15 @@ __attribute__((target("avx2"))) float EncodeGroupAvx2(const uint16_t* xg, bool r
         _mm256_round_ps(_mm256_mul_ps(mag, _mm256_set1_ps(512.0f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), a);  // a < 2^-6
     __m256i code = _mm256_blendv_epi8(normal, sub, is_sub);
-    const __m256i sat = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x43E00000));   // |v| > 448, incl. inf
+    const __m256i sat = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x43E00000));  // |v| > 448, incl. inf
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7E), sat);
     code = _mm256_or_si256(code, sign);
     const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), nan);
     // Pack eight int32 codes (0..255) into eight bytes.
-    const __m256i bytes = _mm256_shuffle_epi8(code, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                     0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i bytes =
+        _mm256_shuffle_epi8(code, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8,
+                                                   12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
     const uint32_t lo = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 0));
     const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(bytes, 4));
     std::memcpy(codes + 8 * i, &lo, 4);
@@ -162,16 +163,19 @@ void EncodeDispatchPayload(const uint16_t* x, int hidden, const protocol::Dispat
   }
   static const EncodeGroupFn encode_group = SelectEncodeGroup();
   float* scales = reinterpret_cast<float*>(payload + protocol::Fp8ScalesOffset(hidden));
-  for (int g = 0; g < hidden / kGroup; ++g) scales[g] = encode_group(x + g * kGroup, mode.round_scale, payload + g * kGroup);
+  for (int g = 0; g < hidden / kGroup; ++g)
+    scales[g] = encode_group(x + g * kGroup, mode.round_scale, payload + g * kGroup);
 }
 
-void EncodeDispatchPayloadReference(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload) {
+void EncodeDispatchPayloadReference(const uint16_t* x, int hidden, const protocol::DispatchMode& mode,
+                                    uint8_t* payload) {
   if (!mode.use_fp8) {
     std::memcpy(payload, x, static_cast<size_t>(hidden) * 2);
     return;
   }
   float* scales = reinterpret_cast<float*>(payload + protocol::Fp8ScalesOffset(hidden));
-  for (int g = 0; g < hidden / kGroup; ++g) scales[g] = EncodeGroupPortable(x + g * kGroup, mode.round_scale, payload + g * kGroup);
+  for (int g = 0; g < hidden / kGroup; ++g)
+    scales[g] = EncodeGroupPortable(x + g * kGroup, mode.round_scale, payload + g * kGroup);
 }
 
 bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
@@ -197,7 +201,8 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
     const int64_t blk = L.RouteSendOffset(half, d);
     auto* counts = reinterpret_cast<uint32_t*>(ctx.local_base + blk);
     std::memset(counts, 0, static_cast<size_t>(protocol::RouteCountsBytes(L.shape)));
-    for (int le = 0; le < E_loc; ++le) counts[le] = static_cast<uint32_t>(plan.counts[static_cast<size_t>(d) * E_loc + le]);
+    for (int le = 0; le < E_loc; ++le)
+      counts[le] = static_cast<uint32_t>(plan.counts[static_cast<size_t>(d) * E_loc + le]);
   }
   for (int t = 0; t < plan.num_tokens; ++t) {
     for (int d = 0; d < R; ++d) {
@@ -213,8 +218,8 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
       for (int k = 0; k < plan.num_topk; ++k) {
         const RouteEntry& e = plan.at(t, k);
         if (e.dst_rank != d) continue;
-        h->sel[h->num_sel++] = protocol::PackSelection(static_cast<uint32_t>(e.local_expert),
-                                                       static_cast<uint32_t>(e.row_in_block));
+        h->sel[h->num_sel++] =
+            protocol::PackSelection(static_cast<uint32_t>(e.local_expert), static_cast<uint32_t>(e.row_in_block));
       }
     }
   }
@@ -294,7 +299,8 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
       acc += c;
     }
     a.recv_count[le] = static_cast<int32_t>(acc);
-    if (a.cumulative_local_expert_recv_stats != nullptr) a.cumulative_local_expert_recv_stats[le] += static_cast<int32_t>(acc);
+    if (a.cumulative_local_expert_recv_stats != nullptr)
+      a.cumulative_local_expert_recv_stats[le] += static_cast<int32_t>(acc);
   }
 
   std::vector<uint32_t> seen(static_cast<size_t>(R) * E_loc, 0);
@@ -342,8 +348,8 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
   }
   for (size_t i = 0; i < seen.size(); ++i) {
     if (seen[i] != cnt[i]) {
-      return "rank " + std::to_string(i / E_loc) + " announced " + std::to_string(cnt[i]) + " tokens for local expert " +
-             std::to_string(i % E_loc) + " but sent " + std::to_string(seen[i]);
+      return "rank " + std::to_string(i / E_loc) + " announced " + std::to_string(cnt[i]) +
+             " tokens for local expert " + std::to_string(i % E_loc) + " but sent " + std::to_string(seen[i]);
     }
   }
   return "";
@@ -362,9 +368,8 @@ bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
       const int64_t c = lr & 0xFFFFFFFF, b = lr >> 32;
       if (c == 0) continue;
       for (int64_t i = 0; i < c; ++i) {
-        const uint8_t* src_row = a.x != nullptr
-                                     ? reinterpret_cast<const uint8_t*>(a.x + (le * rows + b + i) * H)
-                                     : ctx.local_base + L.CombineSendOffset(half, le, b + i);
+        const uint8_t* src_row = a.x != nullptr ? reinterpret_cast<const uint8_t*>(a.x + (le * rows + b + i) * H)
+                                                : ctx.local_base + L.CombineSendOffset(half, le, b + i);
         if (peer.direct_base != nullptr) {
           std::memcpy(peer.direct_base + L.CombineRecvOffset(half, ctx.rank, pos + i), src_row,
                       static_cast<size_t>(row_bytes));
@@ -401,7 +406,8 @@ void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a) {
       const RouteEntry& e = plan.at(t, k);
       if (e.dst_rank < 0) continue;
       const float w = a.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
-      const auto* row = reinterpret_cast<const uint16_t*>(ctx.local_base + L.CombineRecvOffset(half, e.dst_rank, e.pos));
+      const auto* row =
+          reinterpret_cast<const uint16_t*>(ctx.local_base + L.CombineRecvOffset(half, e.dst_rank, e.pos));
       AccumulateWeightedRow(acc.data(), row, w, H);
     }
     uint16_t* out = a.out + static_cast<size_t>(t) * H;

@@ -27,7 +27,7 @@ struct HostPeer {
 struct HostRankContext {
   protocol::LlLayout layout;
   int rank = 0;
-  uint8_t* local_base = nullptr;  ///< This rank's LL region.
+  uint8_t* local_base = nullptr;    ///< This rank's LL region.
   const HostPeer* peers = nullptr;  ///< [num_ranks]
 };
 
@@ -46,11 +46,11 @@ struct DispatchRecvArgs {
   protocol::DispatchMode mode;
   uint32_t seq = 0;
   const uint32_t* tokens_from_src = nullptr;  ///< [R] value of each source's signal word.
-  void* recv_x = nullptr;          ///< fp8: uint8 [E_loc, R*T, H]; bf16: uint16 [E_loc, R*T, H]
-  void* recv_scales = nullptr;     ///< fp8: float [E_loc, H/128, R*T]; ue8m0: int32 [E_loc, H/512, R*T]
-  int32_t* recv_count = nullptr;   ///< [E_loc]
-  int32_t* src_info = nullptr;     ///< [E_loc, R*T]
-  int64_t* layout_range = nullptr; ///< [E_loc, R]: count | begin << 32
+  void* recv_x = nullptr;                     ///< fp8: uint8 [E_loc, R*T, H]; bf16: uint16 [E_loc, R*T, H]
+  void* recv_scales = nullptr;                ///< fp8: float [E_loc, H/128, R*T]; ue8m0: int32 [E_loc, H/512, R*T]
+  int32_t* recv_count = nullptr;              ///< [E_loc]
+  int32_t* src_info = nullptr;                ///< [E_loc, R*T]
+  int64_t* layout_range = nullptr;            ///< [E_loc, R]: count | begin << 32
   int32_t* cumulative_local_expert_recv_stats = nullptr;  ///< optional [E_loc], accumulated
 };
 
@@ -85,6 +85,7 @@ void AccumulateWeightedRow(float* acc, const uint16_t* row, float w, int n);
 /// (LLEP_CPU_PORTABLE_FP8=1 forces the scalar path). Bit-identical to EncodeDispatchPayloadReference.
 void EncodeDispatchPayload(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload);
 /// The scalar reference: FloatToE4m3 per element (kernels/codec/fp8.h).
-void EncodeDispatchPayloadReference(const uint16_t* x, int hidden, const protocol::DispatchMode& mode, uint8_t* payload);
+void EncodeDispatchPayloadReference(const uint16_t* x, int hidden, const protocol::DispatchMode& mode,
+                                    uint8_t* payload);
 
 }  // namespace llep::kernels

@@ -71,8 +71,8 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   for (int me = 0; me < s.num_ranks; ++me) {
     std::vector<uint32_t> tokens(s.num_ranks);
     for (int src = 0; src < s.num_ranks; ++src) {
-      const uint64_t word = *reinterpret_cast<uint64_t*>(w.regions[me].get() +
-                                                         w.layout.SignalOffset(1, protocol::LlOp::kDispatch, src));
+      const uint64_t word =
+          *reinterpret_cast<uint64_t*>(w.regions[me].get() + w.layout.SignalOffset(1, protocol::LlOp::kDispatch, src));
       ASSERT_EQ(protocol::SignalSeq(word), 1u);
       tokens[src] = protocol::SignalValue(word);
       EXPECT_EQ(tokens[src], static_cast<uint32_t>(plans[src].tokens_per_dst[me]));
@@ -113,7 +113,8 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
       for (int c = 0; c < s.hidden; ++c) {
         float acc = 0;
         for (int k = 0; k < K; ++k) {
-          if (in[r].topk[t * K + k] >= 0) acc = std::fmaf(Bf16ToFloat(in[r].x[t * s.hidden + c]), in[r].w[t * K + k], acc);
+          if (in[r].topk[t * K + k] >= 0)
+            acc = std::fmaf(Bf16ToFloat(in[r].x[t * s.hidden + c]), in[r].w[t * K + k], acc);
         }
         ASSERT_EQ(out[t * s.hidden + c], FloatToBf16(acc)) << "rank " << r << " token " << t << " channel " << c;
       }
@@ -193,7 +194,8 @@ TEST(LlHostTest, VectorisedAccumulateMatchesFmafBitForBit) {
   for (int trial = 0; trial < 50; ++trial) {
     for (int c = 0; c < n; ++c) {
       row[c] = static_cast<uint16_t>(rng());  // every bf16 pattern: subnormals, inf, NaN included
-      acc[c] = ref[c] = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 60) - 30);
+      acc[c] = ref[c] =
+          std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 60) - 30);
     }
     const float w = std::uniform_real_distribution<float>(0.01f, 2.0f)(rng);
     AccumulateWeightedRow(acc.data(), row.data(), w, n);
@@ -234,7 +236,9 @@ TEST(LlHostTest, VectorisedEncodeMatchesReference) {
       for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "byte " << i << " base " << base;
     }
     for (int trial = 0; trial < 2000; ++trial) {  // realistic activations
-      for (auto& v : x) v = FloatToBf16(std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 30) - 15));
+      for (auto& v : x)
+        v = FloatToBf16(
+            std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 30) - 15));
       EncodeDispatchPayload(x.data(), H, mode, got.data());
       EncodeDispatchPayloadReference(x.data(), H, mode, want.data());
       ASSERT_EQ(got, want) << "trial " << trial;

@@ -8,9 +8,9 @@ namespace {
 // 2 ranks x 2 local experts (E = 4), K = 2. Hand-computed plan.
 TEST(RoutePlanTest, HandExample) {
   const protocol::LlShape shape{4, 256, 4, 2};
-  const int64_t topk[] = {3, 0,    // t0: rank1/le1, rank0/le0
-                          -1, 3,   // t1: rank1/le1
-                          2, 3,    // t2: rank1/le0, rank1/le1
+  const int64_t topk[] = {3,  0,    // t0: rank1/le1, rank0/le0
+                          -1, 3,    // t1: rank1/le1
+                          2,  3,    // t2: rank1/le0, rank1/le1
                           -1, -1};  // t3: nothing
   RoutePlan p;
   BuildRoutePlan(shape, topk, 4, 2, &p);

@@ -40,9 +40,9 @@ absl::Status FiError(int rc, absl::string_view call) {
   }
 }
 
-#define LLEP_FI_RETURN_IF_ERROR(expr)             \
-  do {                                            \
-    const int llep_fi_rc_ = static_cast<int>(expr); \
+#define LLEP_FI_RETURN_IF_ERROR(expr)                         \
+  do {                                                        \
+    const int llep_fi_rc_ = static_cast<int>(expr);           \
     if (llep_fi_rc_ != 0) return FiError(llep_fi_rc_, #expr); \
   } while (0)
 
@@ -60,8 +60,7 @@ absl::StatusOr<InfoPtr> GetInfo(const FabricOptions& options) {
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
   // Modes we support: we pass a fi_context2 with every operation and keep receives posted if asked.
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
-  hints->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->fabric_attr->prov_name = strdup(options.provider.c_str());
   const bool use_node = !IsShm(options.provider) && !options.node.empty();
@@ -135,8 +134,8 @@ class FabricTransport final : public Transport {
   absl::Status RegisterRegion(void* base, uint64_t bytes) override {
     if (mr_ != nullptr) return absl::FailedPreconditionError("region already registered");
     const uint64_t mode = info_->domain_attr->mr_mode;
-    LLEP_FI_RETURN_IF_ERROR(fi_mr_reg(domain_, base, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, kRequestedKey, 0, &mr_,
-                                      nullptr));
+    LLEP_FI_RETURN_IF_ERROR(
+        fi_mr_reg(domain_, base, bytes, FI_WRITE | FI_REMOTE_WRITE, 0, kRequestedKey, 0, &mr_, nullptr));
     if ((mode & FI_MR_ENDPOINT) != 0) {
       LLEP_FI_RETURN_IF_ERROR(fi_mr_bind(mr_, &ep_->fid, 0));
       LLEP_FI_RETURN_IF_ERROR(fi_mr_enable(mr_));
@@ -194,7 +193,8 @@ class FabricTransport final : public Transport {
     }
     const Peer& p = peers_[peer];
     if (local_off + bytes > bytes_ || remote_off + bytes > p.bytes) {
-      return absl::OutOfRangeError(absl::StrCat("write [", remote_off, ", +", bytes, ") outside the registered region"));
+      return absl::OutOfRangeError(
+          absl::StrCat("write [", remote_off, ", +", bytes, ") outside the registered region"));
     }
     if (free_tx_.empty()) return false;
     OpContext* c = free_tx_.back();
@@ -248,7 +248,8 @@ class FabricTransport final : public Transport {
   static OpContext* Owned(std::vector<OpContext>& pool, void* p) {
     if (pool.empty()) return nullptr;
     const auto addr = reinterpret_cast<uintptr_t>(p);
-    const auto lo = reinterpret_cast<uintptr_t>(pool.data()), hi = reinterpret_cast<uintptr_t>(pool.data() + pool.size());
+    const auto lo = reinterpret_cast<uintptr_t>(pool.data()),
+               hi = reinterpret_cast<uintptr_t>(pool.data() + pool.size());
     if (addr < lo || addr >= hi || (addr - lo) % sizeof(OpContext) != 0) return nullptr;
     return static_cast<OpContext*>(p);
   }
@@ -270,8 +271,8 @@ class FabricTransport final : public Transport {
     const ssize_t rc = fi_cq_readerr(cq_, &err, 0);
     if (rc < 0) return FiError(static_cast<int>(rc), "fi_cq_readerr");
     const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
-    return absl::UnavailableError(absl::StrCat(name_, " completion error: ", fi_strerror(err.err), " (provider: ",
-                                               detail != nullptr ? detail : "?", ")"));
+    return absl::UnavailableError(absl::StrCat(name_, " completion error: ", fi_strerror(err.err),
+                                               " (provider: ", detail != nullptr ? detail : "?", ")"));
   }
 
   InfoPtr info_;

@@ -61,8 +61,10 @@ class FabricTransportTest : public ::testing::TestWithParam<std::string> {
         auto n = t_[r]->Poll(c, 16);
         ASSERT_TRUE(n.ok()) << n.status();
         for (int i = 0; i < *n; ++i) {
-          if (c[i].kind == Completion::Kind::kRemoteImm) imms->push_back(c[i].imm);
-          else cookies->push_back(c[i].cookie);
+          if (c[i].kind == Completion::Kind::kRemoteImm)
+            imms->push_back(c[i].imm);
+          else
+            cookies->push_back(c[i].cookie);
         }
       }
     }
@@ -104,8 +106,9 @@ TEST_P(FabricTransportTest, RejectsBadCalls) {
   EXPECT_EQ(t_[0]->Connect({"short"}).code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, FabricTransportTest, ::testing::Values("shm", "tcp;ofi_rxm"),
-                         [](const auto& info) { return info.param == "shm" ? std::string("shm") : std::string("tcp_rxm"); });
+INSTANTIATE_TEST_SUITE_P(Providers, FabricTransportTest, ::testing::Values("shm", "tcp;ofi_rxm"), [](const auto& info) {
+  return info.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
+});
 
 TEST(FabricProvidersTest, UnknownProviderIsAClearError) {
   auto t = CreateFabricTransport({"no-such-provider", "127.0.0.1"});

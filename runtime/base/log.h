@@ -31,9 +31,9 @@ class LogLine {
 
 }  // namespace llep::base
 
-#define LLEP_LOG(level)                                                  \
-  if (!::llep::base::LogEnabled(::llep::base::LogLevel::level)) {        \
-  } else                                                                 \
+#define LLEP_LOG(level)                                           \
+  if (!::llep::base::LogEnabled(::llep::base::LogLevel::level)) { \
+  } else                                                          \
     ::llep::base::LogLine(::llep::base::LogLevel::level, __FILE__, __LINE__)
 
 #define LLEP_CHECK(cond) \

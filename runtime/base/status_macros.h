@@ -27,10 +27,10 @@ absl::Status ErrnoToStatus(int err, absl::string_view call);
 #define LLEP_STATUS_CONCAT_INNER_(a, b) a##b
 #define LLEP_STATUS_CONCAT_(a, b) LLEP_STATUS_CONCAT_INNER_(a, b)
 
-#define LLEP_RETURN_IF_ERROR(expr)                    \
-  do {                                                \
-    ::absl::Status llep_status_ = (expr);             \
-    if (!llep_status_.ok()) return llep_status_;      \
+#define LLEP_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status llep_status_ = (expr);        \
+    if (!llep_status_.ok()) return llep_status_; \
   } while (0)
 
 #define LLEP_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
@@ -42,7 +42,7 @@ absl::Status ErrnoToStatus(int err, absl::string_view call);
   LLEP_ASSIGN_OR_RETURN_IMPL_(LLEP_STATUS_CONCAT_(llep_statusor_, __LINE__), lhs, expr)
 
 /// For POSIX calls returning -1 and setting errno.
-#define LLEP_ERRNO_RETURN_IF_ERROR(expr, call)                           \
-  do {                                                                   \
-    if ((expr) < 0) return ::llep::base::ErrnoToStatus(errno, (call));   \
+#define LLEP_ERRNO_RETURN_IF_ERROR(expr, call)                         \
+  do {                                                                 \
+    if ((expr) < 0) return ::llep::base::ErrnoToStatus(errno, (call)); \
   } while (0)

@@ -34,11 +34,11 @@ inline constexpr uint32_t kMsgFlagFp8 = 1u << 0;
 /// Per (token, destination rank) header. Lives in the destination's route block (ll_layout.h), not next to the
 /// payload, so one token's payload staged once can be written to several ranks unchanged.
 struct alignas(16) DispatchTokenHeader {
-  int32_t src_token_idx;  ///< Token index on the source rank (becomes src_info on the receiver).
-  uint16_t num_sel;       ///< Valid entries in sel[], 1..kMaxTopK.
-  uint16_t version;       ///< kDispatchMsgVersion; lets a receiver reject garbage instead of fanning it out.
-  uint32_t seq;           ///< Call sequence number (signal.h); a mismatch means the slot was overwritten.
-  uint32_t flags;         ///< kMsgFlagFp8 when the payload is FP8; the receiver checks it matches its own call.
+  int32_t src_token_idx;   ///< Token index on the source rank (becomes src_info on the receiver).
+  uint16_t num_sel;        ///< Valid entries in sel[], 1..kMaxTopK.
+  uint16_t version;        ///< kDispatchMsgVersion; lets a receiver reject garbage instead of fanning it out.
+  uint32_t seq;            ///< Call sequence number (signal.h); a mismatch means the slot was overwritten.
+  uint32_t flags;          ///< kMsgFlagFp8 when the payload is FP8; the receiver checks it matches its own call.
   uint32_t sel[kMaxTopK];  ///< PackSelection(local_expert, row_in_block), in top-k order.
 };
 static_assert(sizeof(DispatchTokenHeader) == 16 + 4 * kMaxTopK, "header size is part of the route-block layout");
@@ -65,8 +65,9 @@ LLEP_HD constexpr int64_t DispatchPayloadStride(int hidden, bool use_fp8) {
 }
 /// The larger of the two strides: what the layout reserves per slot.
 LLEP_HD constexpr int64_t DispatchPayloadStrideMax(int hidden) {
-  return DispatchPayloadStride(hidden, false) > DispatchPayloadStride(hidden, true) ? DispatchPayloadStride(hidden, false)
-                                                                                    : DispatchPayloadStride(hidden, true);
+  return DispatchPayloadStride(hidden, false) > DispatchPayloadStride(hidden, true)
+             ? DispatchPayloadStride(hidden, false)
+             : DispatchPayloadStride(hidden, true);
 }
 /// Offset of the fp32 scales inside an FP8 payload.
 LLEP_HD constexpr int64_t Fp8ScalesOffset(int hidden) { return hidden; }

@@ -37,8 +37,7 @@ struct alignas(16) FifoCmd {
   uint64_t w0;
   uint64_t w1;
 };
-static_assert(sizeof(FifoCmd) == 16 && alignof(FifoCmd) == 16,
-              "one 16-byte vector store must publish a whole command");
+static_assert(sizeof(FifoCmd) == 16 && alignof(FifoCmd) == 16, "one 16-byte vector store must publish a whole command");
 
 struct FifoCmdFields {
   FifoOpcode opcode;
@@ -46,15 +45,15 @@ struct FifoCmdFields {
   int half;
   int dst_rank;
   uint64_t bytes;
-  uint64_t local_off;   // kWrite
-  uint64_t remote_off;  // kWrite
-  uint64_t signal_word; // kSignal
+  uint64_t local_off;    // kWrite
+  uint64_t remote_off;   // kWrite
+  uint64_t signal_word;  // kSignal
 };
 
 /// True when a write command with these fields is representable (offsets aligned and in reach, size fits).
 LLEP_HD constexpr bool WriteCmdFits(uint64_t local_off, uint64_t remote_off, uint64_t bytes) {
-  return (local_off & 15) == 0 && (remote_off & 15) == 0 && local_off <= kCmdMaxOffset &&
-         remote_off <= kCmdMaxOffset && bytes <= kCmdMaxBytes;
+  return (local_off & 15) == 0 && (remote_off & 15) == 0 && local_off <= kCmdMaxOffset && remote_off <= kCmdMaxOffset &&
+         bytes <= kCmdMaxBytes;
 }
 
 /// Builds a write command (commit bit clear; FifoPush sets it). Callers check WriteCmdFits first.

@@ -19,12 +19,12 @@ namespace llep::protocol {
 inline constexpr uint32_t kFifoRingVersion = 1;
 
 struct FifoRingHandle {
-  FifoCmd* ring;         ///< `size` entries, zero-initialised.
-  uint64_t* head;        ///< Next index to claim (producers only).
-  uint64_t* tail;        ///< Next index the consumer will read (consumer writes, producers read).
-  uint64_t* tail_cache;  ///< Producers' lower bound of *tail; any stale value is safe.
+  FifoCmd* ring;                       ///< `size` entries, zero-initialised.
+  uint64_t* head;                      ///< Next index to claim (producers only).
+  uint64_t* tail;                      ///< Next index the consumer will read (consumer writes, producers read).
+  uint64_t* tail_cache;                ///< Producers' lower bound of *tail; any stale value is safe.
   const volatile int32_t* abort_flag;  ///< Non-zero: stop waiting for space (proxy died or user abort).
-  uint32_t size;         ///< Power of two.
+  uint32_t size;                       ///< Power of two.
 };
 
 /// Commit bit a valid command at index `idx` carries: 1 on even laps, 0 on odd laps, so zeroed memory (lap 0

@@ -55,9 +55,9 @@ LLEP_HD constexpr int64_t RouteBlockUsedBytes(const LlShape& s, int num_tokens) 
 /// Every offset of one rank's region, relative to the region base. A POD: pass it to kernels by value.
 struct LlLayout {
   LlShape shape;
-  int64_t payload_stride_max; // DispatchPayloadStrideMax(H): bytes reserved per dispatch slot
-  int64_t combine_stride;     // CombineRowStride(H)
-  int64_t route_block_bytes;  // RouteBlockBytes(shape)
+  int64_t payload_stride_max;  // DispatchPayloadStrideMax(H): bytes reserved per dispatch slot
+  int64_t combine_stride;      // CombineRowStride(H)
+  int64_t route_block_bytes;   // RouteBlockBytes(shape)
   int64_t combine_rows_per_src;
   // Offsets inside a half.
   int64_t signals_off, inbox_off, outbox_off;
@@ -87,7 +87,8 @@ struct LlLayout {
   }
   /// Offset of header `slot` inside a route block that starts at `route_block_off`.
   LLEP_HD constexpr int64_t RouteHeaderOffset(int64_t route_block_off, int slot) const {
-    return route_block_off + RouteCountsBytes(shape) + int64_t{slot} * static_cast<int64_t>(sizeof(DispatchTokenHeader));
+    return route_block_off + RouteCountsBytes(shape) +
+           int64_t{slot} * static_cast<int64_t>(sizeof(DispatchTokenHeader));
   }
   /// Receive slots of one source are packed at the call's mode stride inside that source's T-slot area.
   LLEP_HD constexpr int64_t DispatchRecvOffset(int half, int src, int slot, bool use_fp8) const {
@@ -138,11 +139,13 @@ LLEP_HD constexpr LlLayout ComputeLlLayout(const LlShape& s) {
 /// DeepEP V1's get_low_latency_rdma_size_hint (csrc/config.hpp at 567632d), kept only to report llep's size
 /// next to it. It is not llep's layout.
 LLEP_HD constexpr int64_t DeepEpV1LowLatencySizeHint(int T, int H, int E) {
-  const int64_t dispatch_msg = 16 + (2 * int64_t{H} > int64_t{H} + H / 128 * 4 ? 2 * int64_t{H} : int64_t{H} + H / 128 * 4);
+  const int64_t dispatch_msg =
+      16 + (2 * int64_t{H} > int64_t{H} + H / 128 * 4 ? 2 * int64_t{H} : int64_t{H} + H / 128 * 4);
   const int64_t combine_msg = int64_t{H} / 128 * 4 + 2 * int64_t{H};
-  const int64_t send = T * dispatch_msg > int64_t{E} * T * combine_msg ? T * dispatch_msg : int64_t{E} * T * combine_msg;
+  const int64_t send =
+      T * dispatch_msg > int64_t{E} * T * combine_msg ? T * dispatch_msg : int64_t{E} * T * combine_msg;
   const int64_t recv = int64_t{E} * T * dispatch_msg > int64_t{E} * T * combine_msg ? int64_t{E} * T * dispatch_msg
-                                                                                  : int64_t{E} * T * combine_msg;
+                                                                                    : int64_t{E} * T * combine_msg;
   const int64_t signal = AlignUp(int64_t{4} * E, 128);
   const int64_t total = 2 * (send + recv + signal);
   return (total + 128) / 128 * 128;

@@ -78,11 +78,14 @@ TEST_P(LayoutTest, AccessorsStayInsideTheirRegion) {
       const int64_t ps = DispatchPayloadStride(s.hidden, fp8);
       EXPECT_LE(l.DispatchPayloadOffset(half, T - 1, fp8) + ps, base + l.d_payload_off + T * l.payload_stride_max);
       // Source r's slots never reach into source r+1's.
-      EXPECT_LE(l.DispatchRecvOffset(half, 0, T - 1, fp8) + ps, l.DispatchRecvOffset(half, 1 % R, 0, fp8) + (R == 1 ? T * l.payload_stride_max : 0));
-      EXPECT_LE(l.DispatchRecvOffset(half, R - 1, T - 1, fp8) + ps, base + l.d_recv_off + int64_t{R} * T * l.payload_stride_max);
+      EXPECT_LE(l.DispatchRecvOffset(half, 0, T - 1, fp8) + ps,
+                l.DispatchRecvOffset(half, 1 % R, 0, fp8) + (R == 1 ? T * l.payload_stride_max : 0));
+      EXPECT_LE(l.DispatchRecvOffset(half, R - 1, T - 1, fp8) + ps,
+                base + l.d_recv_off + int64_t{R} * T * l.payload_stride_max);
       EXPECT_EQ(l.DispatchPayloadOffset(half, 1, fp8) % 16, 0);
     }
-    EXPECT_EQ(l.RouteHeaderOffset(l.RouteRecvOffset(half, R - 1), T - 1) + 80, base + l.d_route_recv_off + R * l.route_block_bytes);
+    EXPECT_EQ(l.RouteHeaderOffset(l.RouteRecvOffset(half, R - 1), T - 1) + 80,
+              base + l.d_route_recv_off + R * l.route_block_bytes);
     EXPECT_EQ(l.CombineSendOffset(half, E_loc - 1, s.max_recv_rows() - 1) + l.combine_stride,
               base + l.c_send_off + E_loc * s.max_recv_rows() * l.combine_stride);
     EXPECT_EQ(l.CombineRecvOffset(half, R - 1, l.combine_rows_per_src - 1) + l.combine_stride,
@@ -93,8 +96,8 @@ TEST_P(LayoutTest, AccessorsStayInsideTheirRegion) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LayoutTest,
                          ::testing::Values(LlShape{128, 7168, 256, 4}, LlShape{1, 2048, 64, 4}, LlShape{7, 2048, 32, 4},
-                                           LlShape{256, 4096, 288, 8}, LlShape{4, 128, 2, 1},
-                                           LlShape{64, 384, 3, 3}, LlShape{512, 7168, 256, 16}));
+                                           LlShape{256, 4096, 288, 8}, LlShape{4, 128, 2, 1}, LlShape{64, 384, 3, 3},
+                                           LlShape{512, 7168, 256, 16}));
 
 TEST(LayoutTest, DeepSeekShapeNextToDeepEp) {
   const LlShape s{128, 7168, 256, 4};

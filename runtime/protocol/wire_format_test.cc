@@ -31,8 +31,8 @@ TEST(ImmTest, RoundTripsEveryField) {
 
 TEST(ImmTest, RejectsWhatNoSenderProduces) {
   ImmFields f{};
-  EXPECT_FALSE(UnpackImm(0, &f));                                                         // kind 0
-  EXPECT_FALSE(UnpackImm(0xC0000000u | (kImmVersion << kImmVersionShift), &f));          // kind 3
+  EXPECT_FALSE(UnpackImm(0, &f));                                                            // kind 0
+  EXPECT_FALSE(UnpackImm(0xC0000000u | (kImmVersion << kImmVersionShift), &f));              // kind 3
   EXPECT_FALSE(UnpackImm(PackImm(ImmKind::kData, LlOp::kDispatch, 0, 5) ^ (1u << 24), &f));  // version
   EXPECT_FALSE(UnpackImm(PackImm(ImmKind::kData, LlOp::kDispatch, 0, 5) | (1u << 16), &f));  // reserved bit
 }
@@ -71,8 +71,8 @@ TEST(FifoCmdTest, SignalCarriesTheWholeWord) {
 }
 
 TEST(FifoCmdTest, LimitsAndMalformedCommands) {
-  EXPECT_FALSE(WriteCmdFits(8, 0, 16));               // misaligned local offset
-  EXPECT_FALSE(WriteCmdFits(0, 4, 16));               // misaligned remote offset
+  EXPECT_FALSE(WriteCmdFits(8, 0, 16));  // misaligned local offset
+  EXPECT_FALSE(WriteCmdFits(0, 4, 16));  // misaligned remote offset
   EXPECT_FALSE(WriteCmdFits(kCmdMaxOffset + 1, 0, 16));
   EXPECT_FALSE(WriteCmdFits(0, 0, kCmdMaxBytes + 1));
   EXPECT_TRUE(WriteCmdFits(kCmdMaxOffset & ~uint64_t{15}, 0, kCmdMaxBytes));
@@ -93,7 +93,7 @@ TEST(SignalTest, PackUnpackAndOrdering) {
   EXPECT_TRUE(SignalIsNewer(7, 5));
   EXPECT_FALSE(SignalIsNewer(3, 5));
   EXPECT_FALSE(SignalIsNewer(5, 5));
-  EXPECT_TRUE(SignalIsNewer(1, 0xFFFFFFFFu));   // across wrap-around
+  EXPECT_TRUE(SignalIsNewer(1, 0xFFFFFFFFu));  // across wrap-around
   EXPECT_FALSE(SignalIsNewer(0xFFFFFFFFu, 1));
   EXPECT_EQ(HalfOfSeq(1), 1);
   EXPECT_EQ(HalfOfSeq(2), 0);

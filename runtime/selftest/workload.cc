@@ -68,7 +68,10 @@ float ExpertMultiplier(int64_t g) { return 1.0f + static_cast<float>(g % 8) / 8.
 }  // namespace
 
 std::string Describe(const WorkloadConfig& cfg) {
-  const char* mode = !cfg.mode.use_fp8 ? "bf16" : cfg.mode.use_ue8m0 ? "fp8+ue8m0" : cfg.mode.round_scale ? "fp8+round" : "fp8";
+  const char* mode = !cfg.mode.use_fp8      ? "bf16"
+                     : cfg.mode.use_ue8m0   ? "fp8+ue8m0"
+                     : cfg.mode.round_scale ? "fp8+round"
+                                            : "fp8";
   return absl::StrCat("T=", cfg.shape.max_tokens_per_rank, " H=", cfg.shape.hidden, " E=", cfg.shape.num_experts,
                       " R=", cfg.shape.num_ranks, " K=", cfg.num_topk, " ", mode, " ",
                       cfg.routing == Routing::kRandom ? "random" : "hot-expert");
@@ -192,8 +195,8 @@ absl::Status CheckDispatch(const WorkloadConfig& cfg, int my_rank, uint64_t iter
   }
   for (int le = 0; le < E_loc; ++le) {
     if (got.recv_count[le] != next_row[le]) {
-      return absl::InternalError(absl::StrCat("rank ", my_rank, " iter ", iteration, " recv_count[", le, "] = ",
-                                              got.recv_count[le], ", want ", next_row[le]));
+      return absl::InternalError(absl::StrCat("rank ", my_rank, " iter ", iteration, " recv_count[", le,
+                                              "] = ", got.recv_count[le], ", want ", next_row[le]));
     }
   }
   return absl::OkStatus();

@@ -25,7 +25,7 @@ struct WorkloadConfig {
   int num_topk = 8;
   protocol::DispatchMode mode;
   Routing routing = Routing::kRandom;
-  double hole_fraction = 0.1;  ///< probability of a -1 slot
+  double hole_fraction = 0.1;   ///< probability of a -1 slot
   bool vary_num_tokens = true;  ///< otherwise every rank sends T tokens every iteration
   uint64_t seed = 1;
 };

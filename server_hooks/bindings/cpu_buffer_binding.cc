@@ -28,17 +28,18 @@ class PyCpuBuffer {
   PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
               double timeout_s, int proxy_threads) {
     // The callback runs on this thread, which holds the GIL: Create() is called without releasing it.
-    bootstrap_ = MakeCallbackBootstrap(rank, R, [allgather](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> {
-      py::gil_scoped_acquire gil;
-      try {
-        py::list out = allgather(py::bytes(blob));
-        std::vector<std::string> all;
-        for (py::handle h : out) all.push_back(h.cast<std::string>());
-        return all;
-      } catch (const std::exception& e) {
-        return absl::UnavailableError(std::string("allgather callback raised: ") + e.what());
-      }
-    });
+    bootstrap_ = MakeCallbackBootstrap(
+        rank, R, [allgather](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> {
+          py::gil_scoped_acquire gil;
+          try {
+            py::list out = allgather(py::bytes(blob));
+            std::vector<std::string> all;
+            for (py::handle h : out) all.push_back(h.cast<std::string>());
+            return all;
+          } catch (const std::exception& e) {
+            return absl::UnavailableError(std::string("allgather callback raised: ") + e.what());
+          }
+        });
     CpuBufferOptions opt;
     opt.provider = provider;
     opt.timeout = absl::Seconds(timeout_s);
@@ -69,9 +70,8 @@ class PyCpuBuffer {
     return SendWithoutGil([&] { return buf->DispatchSend(c); });
   }
 
-  std::shared_ptr<PendingOp> CombineSend(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights,
-                                         int num_tokens, int num_topk, uintptr_t layout_range, uintptr_t out,
-                                         uintptr_t wait_stats) {
+  std::shared_ptr<PendingOp> CombineSend(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
+                                         int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats) {
     CombineCall c;
     c.x = Ptr<const uint16_t>(x);
     c.zero_copy = zero_copy;

@@ -24,10 +24,12 @@ PyObject* Make(py::module_& m, const char* name, PyObject* bases, const char* do
 
 void RegisterExceptions(py::module_& m) {
   g_base = Make(m, "LlepError", PyExc_RuntimeError, "Base of every llep error; .code names the status code.");
-  g_invalid = Make(m, "LlepInvalidArgumentError", py::make_tuple(py::handle(g_base), py::handle(PyExc_ValueError)).release().ptr(),
+  g_invalid = Make(m, "LlepInvalidArgumentError",
+                   py::make_tuple(py::handle(g_base), py::handle(PyExc_ValueError)).release().ptr(),
                    "A shape, dtype, value or combination of arguments llep cannot accept.");
-  g_timeout = Make(m, "LlepTimeoutError", py::make_tuple(py::handle(g_base), py::handle(PyExc_TimeoutError)).release().ptr(),
-                   "A peer did not answer within the configured timeout.");
+  g_timeout =
+      Make(m, "LlepTimeoutError", py::make_tuple(py::handle(g_base), py::handle(PyExc_TimeoutError)).release().ptr(),
+           "A peer did not answer within the configured timeout.");
   g_unavailable = Make(m, "LlepUnavailableError", g_base, "A peer or the transport failed.");
   g_precondition = Make(m, "LlepFailedPreconditionError", g_base, "A call made in a state that does not allow it.");
 }

@@ -135,10 +135,11 @@ absl::Status RunIterations(Bootstrap& boot, const E2eCase& c, const std::string&
   const proxy::ProxyStats st = buf->proxy_stats();
   if (st.writes_posted == 0 || st.immediates == 0) return absl::InternalError("no traffic went through the proxy");
   if (me == 0) {
-    std::printf("[%s] %s over %s: %d iterations verified; rank 0 proxy: %llu commands -> %llu writes, %llu immediates\n",
-                c.name, selftest::Describe(cfg).c_str(), buf->transport_name().c_str(), c.iterations,
-                static_cast<unsigned long long>(st.commands), static_cast<unsigned long long>(st.writes_posted),
-                static_cast<unsigned long long>(st.immediates));
+    std::printf(
+        "[%s] %s over %s: %d iterations verified; rank 0 proxy: %llu commands -> %llu writes, %llu immediates\n",
+        c.name, selftest::Describe(cfg).c_str(), buf->transport_name().c_str(), c.iterations,
+        static_cast<unsigned long long>(st.commands), static_cast<unsigned long long>(st.writes_posted),
+        static_cast<unsigned long long>(st.immediates));
     std::fflush(stdout);
   }
   return buf->Close();
@@ -156,11 +157,12 @@ TEST_P(E2eTest, FourRanksMatchDirectComputation) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Providers, E2eTest, ::testing::Combine(::testing::Values("shm", "tcp;ofi_rxm"), ::testing::Range(0, 6)),
-    [](const auto& info) {
-      return absl::StrCat(std::get<0>(info.param) == "shm" ? "shm" : "tcp_rxm", "_", Cases()[std::get<1>(info.param)].name);
-    });
+INSTANTIATE_TEST_SUITE_P(Providers, E2eTest,
+                         ::testing::Combine(::testing::Values("shm", "tcp;ofi_rxm"), ::testing::Range(0, 6)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param) == "shm" ? "shm" : "tcp_rxm", "_",
+                                               Cases()[std::get<1>(info.param)].name);
+                         });
 
 }  // namespace
 }  // namespace llep

@@ -34,9 +34,7 @@ struct Rank {
   DispatchCall Call(const selftest::WorkloadConfig& cfg) { return selftest::MakeDispatchCall(cfg, in, d); }
 };
 
-absl::Status Expect(bool cond, const std::string& what) {
-  return cond ? absl::OkStatus() : absl::InternalError(what);
-}
+absl::Status Expect(bool cond, const std::string& what) { return cond ? absl::OkStatus() : absl::InternalError(what); }
 
 TEST(FaultTest, StalledPeerTimesOutWithItsRankNamed) {
   const selftest::WorkloadConfig cfg = SmallConfig();
@@ -55,7 +53,8 @@ TEST(FaultTest, StalledPeerTimesOutWithItsRankNamed) {
     LLEP_ASSIGN_OR_RETURN(PendingOp op, buf->DispatchSend(r.Call(cfg)));
     const absl::Status recv = buf->Receive(std::move(op));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    LLEP_RETURN_IF_ERROR(Expect(recv.code() == absl::StatusCode::kDeadlineExceeded, absl::StrCat("got ", recv.ToString())));
+    LLEP_RETURN_IF_ERROR(
+        Expect(recv.code() == absl::StatusCode::kDeadlineExceeded, absl::StrCat("got ", recv.ToString())));
     LLEP_RETURN_IF_ERROR(Expect(std::string(recv.message()).find("rank(s) 3 ") != std::string::npos, recv.ToString()));
     LLEP_RETURN_IF_ERROR(Expect(secs >= 1.9 && secs < 5.0, absl::StrCat("timeout took ", secs, " s")));
     return buf->Close();
@@ -81,9 +80,9 @@ TEST(FaultTest, DeadPeerIsAnErrorNotAHang) {
       err = op.ok() ? buf->Receive(*std::move(op)) : op.status();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       LLEP_RETURN_IF_ERROR(Expect(!err.ok(), "receive succeeded although rank 3 is dead"));
-      LLEP_RETURN_IF_ERROR(Expect(err.code() == absl::StatusCode::kDeadlineExceeded ||
-                                      err.code() == absl::StatusCode::kUnavailable,
-                                  err.ToString()));
+      LLEP_RETURN_IF_ERROR(
+          Expect(err.code() == absl::StatusCode::kDeadlineExceeded || err.code() == absl::StatusCode::kUnavailable,
+                 err.ToString()));
       return Expect(secs < 5.0, absl::StrCat(provider, ": error took ", secs, " s"));
     });
     EXPECT_TRUE(s.ok()) << provider << ": " << s;
@@ -117,8 +116,8 @@ TEST(FaultTest, CombineWithDifferentRoutingIsRefused) {
     const absl::Status recv = buf->Receive(std::move(op));
     if (buf->rank() == 0) {
       LLEP_RETURN_IF_ERROR(Expect(recv.code() == absl::StatusCode::kInvalidArgument, recv.ToString()));
-      LLEP_RETURN_IF_ERROR(Expect(std::string(recv.message()).find("topk_idx of the matching dispatch") != std::string::npos,
-                                  recv.ToString()));
+      LLEP_RETURN_IF_ERROR(Expect(
+          std::string(recv.message()).find("topk_idx of the matching dispatch") != std::string::npos, recv.ToString()));
     } else {
       LLEP_RETURN_IF_ERROR(recv);
     }
@@ -128,9 +127,8 @@ TEST(FaultTest, CombineWithDifferentRoutingIsRefused) {
 }
 
 TEST(FaultTest, BadCallsAreRejectedBeforeSending) {
-  auto boot = MakeCallbackBootstrap(0, 1, [](const std::string& b) {
-    return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{b});
-  });
+  auto boot = MakeCallbackBootstrap(
+      0, 1, [](const std::string& b) { return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{b}); });
   selftest::WorkloadConfig cfg = SmallConfig();
   cfg.shape = {4, 256, 8, 1};
   auto buf = CpuBuffer::Create(cfg.shape, *boot, CpuBufferOptions{});
