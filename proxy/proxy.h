@@ -58,6 +58,8 @@ class Proxy {
   /// First error any thread hit (OK while healthy). After an error the abort flag is raised.
   absl::Status status() const;
   const volatile int32_t* abort_flag() const { return &abort_flag_; }
+  /// True once any thread failed (one acquire load; Abort() records the status before raising the flag).
+  bool failed() const { return __atomic_load_n(&abort_flag_, __ATOMIC_ACQUIRE) != 0; }
   /// Raises the abort flag and records `why` (first error wins). Threads keep draining completions.
   void Abort(const absl::Status& why);
   ProxyStats stats() const;

@@ -309,20 +309,21 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
     for (uint32_t j = 0; j < a.tokens_from_src[src]; ++j) {
       const auto* h = reinterpret_cast<const protocol::DispatchTokenHeader*>(
           ctx.local_base + L.RouteHeaderOffset(blk, static_cast<int>(j)));
-      const std::string where = "message " + std::to_string(j) + " from rank " + std::to_string(src);
-      if (h->version != protocol::kDispatchMsgVersion) return where + ": bad header version";
+      // Built only on the error paths: this loop runs once per received message.
+      const auto where = [&] { return "message " + std::to_string(j) + " from rank " + std::to_string(src); };
+      if (h->version != protocol::kDispatchMsgVersion) return where() + ": bad header version";
       if (h->seq != a.seq) {
-        return where + ": sequence " + std::to_string(h->seq) + " != " + std::to_string(a.seq) +
+        return where() + ": sequence " + std::to_string(h->seq) + " != " + std::to_string(a.seq) +
                " (slot overwritten: more low-latency calls in flight than allowed)";
       }
-      if (((h->flags & protocol::kMsgFlagFp8) != 0) != fp8) return where + ": ranks disagree on use_fp8";
-      if (h->num_sel == 0 || h->num_sel > protocol::kMaxTopK) return where + ": bad selection count";
-      if (h->src_token_idx < 0 || h->src_token_idx >= T) return where + ": token index out of range";
+      if (((h->flags & protocol::kMsgFlagFp8) != 0) != fp8) return where() + ": ranks disagree on use_fp8";
+      if (h->num_sel == 0 || h->num_sel > protocol::kMaxTopK) return where() + ": bad selection count";
+      if (h->src_token_idx < 0 || h->src_token_idx >= T) return where() + ": token index out of range";
       const uint8_t* payload = ctx.local_base + L.DispatchRecvOffset(half, src, static_cast<int>(j), fp8);
       for (int i = 0; i < h->num_sel; ++i) {
         const uint32_t le = protocol::SelectionExpert(h->sel[i]), r = protocol::SelectionRow(h->sel[i]);
         if (le >= static_cast<uint32_t>(E_loc) || r >= cnt[static_cast<size_t>(src) * E_loc + le]) {
-          return where + ": selection outside the announced counts";
+          return where() + ": selection outside the announced counts";
         }
         ++seen[static_cast<size_t>(src) * E_loc + le];
         const int64_t row = begin[static_cast<size_t>(src) * E_loc + le] + r;

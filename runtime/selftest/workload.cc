@@ -157,15 +157,17 @@ absl::Status CheckDispatch(const WorkloadConfig& cfg, int my_rank, uint64_t iter
         bool selected = false;
         for (int k = 0; k < K; ++k) selected |= in.topk_idx[static_cast<size_t>(t) * K + k] == g;
         if (!selected) continue;
-        const std::string where = absl::StrCat("rank ", my_rank, " iter ", iteration, " expert ", le, " row ", row,
-                                               " (src rank ", src, " token ", t, ")");
-        if (row >= rows) return absl::InternalError(absl::StrCat(where, ": row beyond R*T"));
+        const auto where = [&] {  // only on failure: this runs for every received row
+          return absl::StrCat("rank ", my_rank, " iter ", iteration, " expert ", le, " row ", row, " (src rank ", src,
+                              " token ", t, ")");
+        };
+        if (row >= rows) return absl::InternalError(absl::StrCat(where(), ": row beyond R*T"));
         if (got.src_info[le * rows + row] != t) {
-          return absl::InternalError(absl::StrCat(where, ": src_info ", got.src_info[le * rows + row]));
+          return absl::InternalError(absl::StrCat(where(), ": src_info ", got.src_info[le * rows + row]));
         }
         kernels::EncodeDispatchPayload(&in.x[static_cast<size_t>(t) * H], H, cfg.mode, payload.data());
         if (std::memcmp(&got.recv_x[(le * rows + row) * H * eb], payload.data(), static_cast<size_t>(H * eb)) != 0) {
-          return absl::InternalError(absl::StrCat(where, ": payload bytes differ"));
+          return absl::InternalError(absl::StrCat(where(), ": payload bytes differ"));
         }
         if (cfg.mode.use_fp8) {
           const auto* scales = reinterpret_cast<const float*>(payload.data() + protocol::Fp8ScalesOffset(H));
@@ -177,7 +179,7 @@ absl::Status CheckDispatch(const WorkloadConfig& cfg, int my_rank, uint64_t iter
               std::memcpy(want, &scales[gi], 4);
             }
             if (std::memcmp(&got.recv_scales[((le * groups + gi) * rows + row) * 4], want, 4) != 0) {
-              return absl::InternalError(absl::StrCat(where, ": scale group ", gi, " differs"));
+              return absl::InternalError(absl::StrCat(where(), ": scale group ", gi, " differs"));
             }
           }
         }
