@@ -120,17 +120,14 @@ proxy::ProxyStats CpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats
 
 uint16_t* CpuBuffer::NextCombineBuffer() const {
   absl::MutexLock lock(&mu_);
-  const uint32_t next = seq_ + 1 == 0 ? 2 : seq_ + 1;
+  const uint32_t next = protocol::NextCallSeq(seq_);
   return reinterpret_cast<uint16_t*>(region_.data() + layout_.CombineSendOffset(protocol::HalfOfSeq(next), 0, 0));
 }
 
 absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
   if (closed_) return absl::FailedPreconditionError("buffer is closed");
-  if (proxy_ != nullptr) {
-    if (absl::Status s = proxy_->status(); !s.ok()) return base::Annotate(s, "proxy failed earlier");
-  }
-  // Sequence 0 means "never signalled" in zeroed memory; skipping to 2 keeps the parity of the halves.
-  const uint32_t next = seq_ + 1 == 0 ? 2 : seq_ + 1;
+  if (proxy_ != nullptr && proxy_->failed()) return base::Annotate(proxy_->status(), "proxy failed earlier");
+  const uint32_t next = protocol::NextCallSeq(seq_);
   for (uint32_t s : unreceived_) {
     if (protocol::HalfOfSeq(s) == protocol::HalfOfSeq(next)) {
       return absl::FailedPreconditionError(
@@ -239,9 +236,9 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
       ++i;
     }
     if (pending.empty()) break;
-    if (proxy_ != nullptr) {
-      if (absl::Status s = proxy_->status(); !s.ok())
-        return base::Annotate(s, absl::StrCat(OpName(op.op_), " receive"));
+    // One flag read per spin; the Status (behind a mutex) only once the proxy failed.
+    if (proxy_ != nullptr && proxy_->failed()) {
+      return base::Annotate(proxy_->status(), absl::StrCat(OpName(op.op_), " receive"));
     }
     if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::sort(pending.begin(), pending.end());

@@ -32,6 +32,10 @@ LLEP_HD constexpr bool SignalIsNewer(uint32_t observed, uint32_t expected) {
   return observed != expected && static_cast<uint32_t>(observed - expected) < (1u << 31);
 }
 
+/// The call sequence number after `seq`. 0 means "never signalled" in zeroed memory, so it is skipped; 2 keeps
+/// the alternation of halves (0xFFFFFFFF is odd, 2 is even).
+LLEP_HD constexpr uint32_t NextCallSeq(uint32_t seq) { return seq + 1 == 0 ? 2u : seq + 1; }
+
 /// The half a call uses: calls alternate between the two halves of the double-buffered region.
 LLEP_HD constexpr int HalfOfSeq(uint32_t seq) { return static_cast<int>(seq & 1u); }
 

@@ -97,6 +97,11 @@ TEST(SignalTest, PackUnpackAndOrdering) {
   EXPECT_FALSE(SignalIsNewer(0xFFFFFFFFu, 1));
   EXPECT_EQ(HalfOfSeq(1), 1);
   EXPECT_EQ(HalfOfSeq(2), 0);
+  EXPECT_EQ(NextCallSeq(0), 1u);
+  EXPECT_EQ(NextCallSeq(41), 42u);
+  // Wrap-around skips 0 ("never signalled") and still alternates halves.
+  EXPECT_EQ(NextCallSeq(0xFFFFFFFFu), 2u);
+  EXPECT_NE(HalfOfSeq(NextCallSeq(0xFFFFFFFFu)), HalfOfSeq(0xFFFFFFFFu));
 }
 
 TEST(DispatchMsgTest, SelectionsRoundTrip) {
