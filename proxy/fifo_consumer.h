@@ -29,8 +29,6 @@ class FifoConsumer {
     return n;
   }
 
-  uint64_t tail() const { return tail_; }
-
  private:
   protocol::FifoRingHandle ring_;
   uint64_t tail_ = 0;

@@ -55,8 +55,6 @@ class FakeNetwork {
     done_[src].pop_front();
     return true;
   }
-  int posts() const { return posts_; }
-  std::atomic<int> posts_{0};
 
  private:
   std::mutex mu_;
@@ -82,7 +80,6 @@ class FakeTransport final : public Transport {
                                  uint64_t cookie) override {
     if (fail_posts) return absl::UnavailableError("link down");
     EXPECT_LE(bytes, max_write_);
-    net_->posts_++;
     net_->Send(rank_, peer, base_ + local_off, bytes, remote_off, imm, cookie);
     return true;
   }

@@ -48,9 +48,4 @@ LogLine::~LogLine() {
   (void)ignored;
 }
 
-void CheckFailed(const char* cond, const char* file, int line) {
-  { LogLine(LogLevel::kError, file, line) << "LLEP_CHECK failed: " << cond; }
-  std::abort();
-}
-
 }  // namespace llep::base

@@ -26,17 +26,9 @@ class LogLine {
   std::ostringstream stream_;
 };
 
-/// Aborts after logging; for invariants no input can reach (STYLE.md §5). Use rarely.
-[[noreturn]] void CheckFailed(const char* cond, const char* file, int line);
-
 }  // namespace llep::base
 
 #define LLEP_LOG(level)                                           \
   if (!::llep::base::LogEnabled(::llep::base::LogLevel::level)) { \
   } else                                                          \
     ::llep::base::LogLine(::llep::base::LogLevel::level, __FILE__, __LINE__)
-
-#define LLEP_CHECK(cond) \
-  if (cond) {            \
-  } else                 \
-    ::llep::base::CheckFailed(#cond, __FILE__, __LINE__)

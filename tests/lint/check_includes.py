@@ -55,7 +55,7 @@ def main() -> int:
                 continue
             inc = m.group(1)
             for banned in FOREIGN_BANNED.get(folder, ()):
-                if inc.startswith(banned) and not (folder == "kernels" and inc.startswith("rdma/")):
+                if inc.startswith(banned):
                     violations.append(f"{rel}:{lineno}: {folder} must not include {inc}")
             if not inc.startswith(LLEP_ROOTS):
                 continue
