@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (Ubuntu 24.04 image, CUDA 13, torch's Python 3.12) from a clean copy of the repository
 # plus .debs/ (scripts/fetch_gpu_debs.sh): unpacks the carried Debian packages into a private prefix, points
-# CMake and pkg-config at it, builds for sm_90a and runs the tests (GPU tests included). Never uses NVLink
-# multicast; the variables below keep NCCL/torch/NVSHMEM from doing so either.
+# CMake and pkg-config at it and builds for sm_90a (scripts/gpu_test.sh also runs the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PREFIX="${LLEP_DEPS_PREFIX:-$PWD/.deps}"
-BUILD_DIR="${LLEP_BUILD_DIR:-build-gpu}"
+source scripts/gpu_env.sh
 ARCH="${LLEP_CUDA_ARCH:-90a}"
 
 ls .debs/*.deb >/dev/null 2>&1 || { echo "gpu_build: no .debs/ (run scripts/fetch_gpu_debs.sh first)" >&2; exit 1; }
 mkdir -p "$PREFIX"
 for f in .debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
-LIBDIR="$PREFIX/usr/lib/x86_64-linux-gnu"
 # pkg-config files say prefix=/usr: rebase them onto the private prefix.
 find "$PREFIX" -name '*.pc' -exec sed -i "s|^prefix=/usr\$|prefix=$PREFIX/usr|" {} +
 export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"

@@ -4,13 +4,11 @@
 # summary last; full logs go to $OUT (or ./gpu-test-logs) when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PREFIX="${LLEP_DEPS_PREFIX:-$PWD/.deps}"
-BUILD_DIR="${LLEP_BUILD_DIR:-build-gpu}"
+source scripts/gpu_env.sh
 LOGS="${OUT:-$PWD/gpu-test-logs}"
 mkdir -p "$LOGS"
 scripts/gpu_build.sh > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
-export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_tests.log" 2>&1; gpu_rc=$?
 ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1; other_rc=$?
 grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_tests.log" | head -20
