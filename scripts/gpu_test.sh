@@ -1,16 +1,47 @@
 #!/usr/bin/env bash
-# Run on the GPU machine: builds (scripts/gpu_build.sh) and runs the GPU tests, then every other test, with the
-# carried libraries on the loader path (RUNPATH does not reach abseil's transitive dependencies). Prints a
-# summary last; full logs go to $OUT (or ./gpu-test-logs) when set.
+# Run on the GPU machine: builds (scripts/gpu_build.sh), runs the GPU unit tests (ctest label gpu) and the
+# GPU-vs-CPU correctness matrix through the Python API (tests/gpu/gpu_vs_cpu.py), then, with --bench, the GPU
+# benchmark (bench/ll_gpu_bench.py), and with --all every other test too; --bench-only builds the Python
+# package alone and runs just the benchmark. Prints a summary last; full logs go
+# to $OUT (or ./gpu-test-logs). Extra arguments after -- go to gpu_vs_cpu.py (e.g. -- --quick --ranks 2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 LOGS="${OUT:-$PWD/gpu-test-logs}"
 mkdir -p "$LOGS"
+bench=0 all=0 tests=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bench) bench=1 ;;
+    --all) all=1 ;;
+    --bench-only) bench=1 tests=0; export LLEP_GPU_TARGETS="_llep llep_py_package" ;;
+    --) shift; break ;;
+    *) echo "gpu_test: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
 scripts/gpu_build.sh > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_tests.log" 2>&1; gpu_rc=$?
-ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1; other_rc=$?
-grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_tests.log" | head -20
-grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20
-exit $(( gpu_rc != 0 || other_rc != 0 ))
+export PYTHONPATH="$PWD/$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi -L | tee "$LOGS/gpus.txt"
+rc=0
+export PYTHONUNBUFFERED=1
+if [ $tests = 1 ]; then
+  ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_unit_tests.log" 2>&1 || rc=1
+  timeout 420 python3 tests/gpu/gpu_vs_cpu.py --results "$LOGS/gpu_vs_cpu.jsonl" "$@" > "$LOGS/gpu_vs_cpu.log" 2>&1 ||
+    rc=1
+fi
+if [ $all = 1 ]; then
+  ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1 || rc=1
+fi
+if [ $bench = 1 ] && [ $rc = 0 ]; then
+  timeout "${LLEP_BENCH_TIMEOUT:-300}" python3 bench/ll_gpu_bench.py --json "$LOGS/ll_gpu_bench.json" \
+    ${LLEP_BENCH_ARGS:-} > "$LOGS/ll_gpu_bench.log" 2>&1 || rc=1
+fi
+if [ $tests = 1 ]; then
+  echo "== GPU unit tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_unit_tests.log" | head -20
+  echo "== GPU vs CPU"; grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu.log" | head -40
+fi
+[ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
+[ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }
+exit $rc

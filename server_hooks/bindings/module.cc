@@ -7,6 +7,9 @@
 
 namespace llep::bindings {
 void BindCpuBuffer(pybind11::module_& m);
+#ifdef LLEP_HAVE_CUDA
+void BindGpuBuffer(pybind11::module_& m);
+#endif
 }  // namespace llep::bindings
 
 PYBIND11_MODULE(_llep, m) {
@@ -26,4 +29,10 @@ PYBIND11_MODULE(_llep, m) {
         "DeepEP V1's size hint for the same shape (for comparison only).");
   m.attr("MAX_TOPK") = llep::protocol::kMaxTopK;
   llep::bindings::BindCpuBuffer(m);
+#ifdef LLEP_HAVE_CUDA
+  llep::bindings::BindGpuBuffer(m);
+  m.attr("HAVE_CUDA") = true;
+#else
+  m.attr("HAVE_CUDA") = false;
+#endif
 }

@@ -1,12 +1,20 @@
 """llep.Buffer: DeepEP V1's low-latency `Buffer` API (deep_ep/buffer.py at 567632d), backed by llep.
 
 Positional order, keyword names, defaults, return tuples and the handle layout match DeepEP V1, so SGLang and
-vLLM can use it unchanged (see llep.deep_ep). Today the backend is llep's CPU backend (CPU tensors, ranks on
-one host over libfabric); CUDA tensors raise NotImplementedError until the NVLink kernels land. Tensors never
-cross into C++ as torch objects: the native module gets addresses and shapes, so one build serves any torch.
+vLLM can use it unchanged (see llep.deep_ep). Two backends behind one API:
+  - 'cuda': the NVLink kernels (same-host GPUs, CUDA IPC); tensors on the rank's current CUDA device, kernels
+    queued on torch's current stream, receive hooks launch the receive phase.
+  - 'cpu': the CPU backend (CPU tensors, ranks on one host over libfabric), the oracle of the GPU tests.
+Buffer.backend picks one: 'cuda' when torch sees a GPU and llep was built with CUDA, else 'cpu'; LLEP_BACKEND
+or assigning Buffer.backend before the first low-latency call overrides it. Tensors never cross into C++ as
+torch objects: the native module gets addresses, shapes and stream handles, so one build serves any torch.
 
-Environment: LLEP_FABRIC_PROVIDER (default 'shm'; 'tcp;ofi_rxm' also works on loopback), LLEP_TIMEOUT_S
-(default 30: a silent peer becomes LlepTimeoutError after that long), LLEP_PROXY_THREADS (default 1).
+GPU errors (bad expert ids, a peer that never answers) are recorded by the kernels without a trap and raised by
+the next call on the buffer, or by Buffer.check_errors() after the stream was synchronised.
+
+Environment: LLEP_BACKEND ('cuda' / 'cpu'), LLEP_TIMEOUT_S (default 30: a silent peer becomes LlepTimeoutError
+after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_FABRIC_PROVIDER (CPU: default
+'shm'; 'tcp;ofi_rxm' also works on loopback), LLEP_PROXY_THREADS (CPU: default 1).
 """
 import os
 import threading
@@ -39,7 +47,8 @@ def _check_fork_kwargs(method: str, kwargs: Dict[str, Any], known: Tuple[str, ..
             raise NotImplementedError(f'{method}({name}=...) is a DeepEP-fork feature llep does not implement yet')
 
 
-def _check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Tuple[Optional[int], ...]) -> None:
+def _check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Tuple[Optional[int], ...],
+                  device: Optional[torch.device] = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise _invalid(f'{name} must be a torch.Tensor, got {type(t).__name__}')
     if t.dtype != dtype:
@@ -49,9 +58,9 @@ def _check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Tuple[Optional[i
         raise _invalid(f'{name} must have shape {want}, got {tuple(t.shape)}')
     if not t.is_contiguous():
         raise _invalid(f'{name} must be contiguous')
-    if t.device.type != 'cpu':
-        raise NotImplementedError(f'{name} is on {t.device}: llep\'s GPU kernels are not built yet; the CPU backend '
-                                  'takes CPU tensors')
+    want = device if device is not None else torch.device('cpu')
+    if t.device != want:
+        raise _invalid(f'{name} is on {t.device}, this Buffer works on {want}')
 
 
 class Config:
@@ -71,6 +80,15 @@ class Config:
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         raise NotImplementedError('llep implements low-latency mode only (no normal-mode buffers)')
+
+
+class _DeviceMemory:
+    """Device bytes owned by a llep buffer, exposed through __cuda_array_interface__ (so torch can view them
+    without llep linking torch). The view is valid while the Buffer lives, as DeepEP's."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {'shape': (nbytes,), 'typestr': '|u1', 'data': (ptr, False), 'version': 3,
+                                         'strides': None}
 
 
 class _TorchCudaEvent:
@@ -120,7 +138,11 @@ class Buffer:
         self._provider = os.environ.get('LLEP_FABRIC_PROVIDER', 'shm')
         self._timeout_s = float(os.environ.get('LLEP_TIMEOUT_S', '30'))
         self._proxy_threads = int(os.environ.get('LLEP_PROXY_THREADS', '1'))
+        self._num_ctas = int(os.environ.get('LLEP_NUM_CTAS', '0'))
         self._destroyed = False
+        self._device: Optional[torch.device] = None
+        default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
+        self.backend = os.environ.get('LLEP_BACKEND', default)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -142,10 +164,31 @@ class Buffer:
                                '(switch with clean_low_latency_buffer on all ranks)')
             return self.runtime
         self._check_size(shape)
-        self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
-                                       self._provider, self._timeout_s, self._proxy_threads)
+        if self.backend == 'cuda':
+            if not getattr(_llep, 'HAVE_CUDA', False):
+                raise _llep.LlepUnimplementedError('llep was built without CUDA: use Buffer.backend = "cpu"')
+            self._device = torch.device('cuda', torch.cuda.current_device())
+            self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
+                                           self._device.index, self._timeout_s, self._num_ctas)
+        elif self.backend == 'cpu':
+            self._device = torch.device('cpu')
+            self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
+                                           self._provider, self._timeout_s, self._proxy_threads)
+        else:
+            raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
         return self.runtime
+
+    @property
+    def _gpu(self) -> bool:
+        return self.backend == 'cuda'
+
+    def check_errors(self) -> None:
+        """Raises the error a GPU kernel of this buffer recorded (bad expert id, silent peer, ...), if any.
+        Kernels run asynchronously: synchronise the stream first to cover the calls made so far. (llep addition;
+        every low-latency call does this check itself before it queues work.)"""
+        if self.runtime is not None and self._gpu:
+            self.runtime.check_errors()
 
     def _check_size(self, shape: Tuple[int, int, int]) -> None:
         need = _llep.ll_buffer_bytes(shape[0], shape[1], self.group_size, shape[2])
@@ -195,7 +238,10 @@ class Buffer:
         return Config(Buffer.num_sms)
 
     def get_comm_stream(self) -> Any:
-        raise NotImplementedError('the CPU backend has no communication stream (GPU kernels not built yet)')
+        """The stream llep's kernels run on: the caller's current stream (llep has no stream of its own)."""
+        if not self._gpu:
+            raise NotImplementedError('the CPU backend has no communication stream')
+        return torch.cuda.current_stream()
 
     def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
                                 use_rdma_buffer: bool = False) -> torch.Tensor:
@@ -229,6 +275,21 @@ class Buffer:
                 ) -> Tuple[EventOverlap, Optional[Callable[[], None]]]:
         runtime = self.runtime
         done = threading.Event()
+        if self._gpu:
+            # The send phase is queued (alone when return_recv_hook, else together with the receive phase).
+            def gpu_hook() -> None:
+                if done.is_set():
+                    raise _llep.LlepFailedPreconditionError('this receive hook already ran')
+                done.set()
+                runtime.receive(op, torch.cuda.current_stream().cuda_stream)
+                del gpu_keep[:]  # the receive phase is queued; stream order keeps the memory valid
+
+            gpu_keep = list(keep)
+            if return_recv_hook:
+                return EventOverlap(None, None), gpu_hook
+            if async_finish:
+                return EventOverlap(_TorchCudaEvent(), keep), None
+            return EventOverlap(None, None), None
 
         def hook() -> None:
             if done.is_set():
@@ -259,34 +320,42 @@ class Buffer:
         _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
         if async_finish and return_recv_hook:
             raise _invalid('async_finish and return_recv_hook are mutually exclusive')
-        _check_tensor('x', x, torch.bfloat16, (None, None))
-        _check_tensor('topk_idx', topk_idx, topk_idx_t, (x.size(0), None))
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise _invalid('x must be a 2-D torch.Tensor [num_tokens, hidden]')
         num_tokens, hidden = x.shape
         runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        dev = self._device
+        _check_tensor('x', x, torch.bfloat16, (None, None), dev)
+        _check_tensor('topk_idx', topk_idx, topk_idx_t, (x.size(0), None), dev)
         T, R = int(num_max_dispatch_tokens_per_rank), self.group_size
         E_loc, rows = int(num_experts) // R, R * int(num_max_dispatch_tokens_per_rank)
         if cumulative_local_expert_recv_stats is not None:
-            _check_tensor('cumulative_local_expert_recv_stats', cumulative_local_expert_recv_stats, torch.int32, (E_loc,))
+            _check_tensor('cumulative_local_expert_recv_stats', cumulative_local_expert_recv_stats, torch.int32, (E_loc,),
+                          dev)
         if dispatch_wait_recv_cost_stats is not None:
-            _check_tensor('dispatch_wait_recv_cost_stats', dispatch_wait_recv_cost_stats, torch.int64, (R,))
+            _check_tensor('dispatch_wait_recv_cost_stats', dispatch_wait_recv_cost_stats, torch.int64, (R,), dev)
 
-        recv_x = torch.empty((E_loc, rows, hidden), dtype=(_FP8 or torch.uint8) if use_fp8 else torch.bfloat16)
+        recv_x = torch.empty((E_loc, rows, hidden), dtype=(_FP8 or torch.uint8) if use_fp8 else torch.bfloat16,
+                             device=dev)
         scales = None
         if use_fp8:
             # Column-major in the last two dims (MN-major), as DeepGEMM's masked GEMM expects.
             if use_ue8m0:
-                scales = torch.empty((E_loc, hidden // 512, rows), dtype=torch.int32).transpose(1, 2)
+                scales = torch.empty((E_loc, hidden // 512, rows), dtype=torch.int32, device=dev).transpose(1, 2)
             else:
-                scales = torch.empty((E_loc, hidden // 128, rows), dtype=torch.float32).transpose(1, 2)
-        recv_count = torch.empty((E_loc,), dtype=torch.int32)
-        src_info = torch.empty((E_loc, rows), dtype=torch.int32)
-        layout_range = torch.empty((E_loc, R), dtype=torch.int64)
-        op = runtime.dispatch_send(
-            x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
-            recv_x.data_ptr(), scales.data_ptr() if scales is not None else 0, recv_count.data_ptr(),
-            src_info.data_ptr(), layout_range.data_ptr(),
-            cumulative_local_expert_recv_stats.data_ptr() if cumulative_local_expert_recv_stats is not None else 0,
-            dispatch_wait_recv_cost_stats.data_ptr() if dispatch_wait_recv_cost_stats is not None else 0)
+                scales = torch.empty((E_loc, hidden // 128, rows), dtype=torch.float32, device=dev).transpose(1, 2)
+        recv_count = torch.empty((E_loc,), dtype=torch.int32, device=dev)
+        src_info = torch.empty((E_loc, rows), dtype=torch.int32, device=dev)
+        layout_range = torch.empty((E_loc, R), dtype=torch.int64, device=dev)
+        args = (x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
+                recv_x.data_ptr(), scales.data_ptr() if scales is not None else 0, recv_count.data_ptr(),
+                src_info.data_ptr(), layout_range.data_ptr(),
+                cumulative_local_expert_recv_stats.data_ptr() if cumulative_local_expert_recv_stats is not None else 0,
+                dispatch_wait_recv_cost_stats.data_ptr() if dispatch_wait_recv_cost_stats is not None else 0)
+        if self._gpu:
+            op = runtime.dispatch(*args, return_recv_hook, torch.cuda.current_stream().cuda_stream)
+        else:
+            op = runtime.dispatch_send(*args)
         keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_local_expert_recv_stats,
                 dispatch_wait_recv_cost_stats)
         event, hook = self._finish(op, keep, async_finish, return_recv_hook)
@@ -300,7 +369,8 @@ class Buffer:
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None, **kwargs: Any) -> \
             Tuple[torch.Tensor, EventOverlap, Optional[Callable[[], None]]]:
         """Returns expert outputs to their tokens' ranks and reduces them: out[t] = sum_k w[t,k] * y(t,k) in fp32
-        in top-k order, -1 slots skipped, bitwise deterministic. use_logfmt is accepted and sent as BF16."""
+        in top-k order, -1 slots skipped, bitwise deterministic. use_logfmt is accepted and sent as BF16 (more precise
+        than DeepEP's lossy LogFMT; the spec allows this fallback)."""
         _check_fork_kwargs('low_latency_combine', kwargs, _COMBINE_FORK_KWARGS)
         if use_logfmt and zero_copy:
             raise _invalid('use_logfmt and zero_copy cannot be combined')
@@ -310,24 +380,28 @@ class Buffer:
             raise _invalid('handle must be the 5-tuple low_latency_dispatch returned')
         src_info, layout_range, T, hidden, num_experts = handle
         runtime = self._backend(T, hidden, num_experts)
-        R = self.group_size
+        R, dev = self.group_size, self._device
         E_loc, rows = num_experts // R, R * T
-        _check_tensor('x', x, torch.bfloat16, (E_loc, rows, hidden))
-        _check_tensor('topk_idx', topk_idx, topk_idx_t, (None, None))
-        _check_tensor('topk_weights', topk_weights, torch.float32, tuple(topk_idx.shape))
-        _check_tensor('handle[0] (src_info)', src_info, torch.int32, (E_loc, rows))
-        _check_tensor('handle[1] (layout_range)', layout_range, torch.int64, (E_loc, R))
+        if not zero_copy:  # with zero_copy DeepEP ignores x (the rows are already in the buffer)
+            _check_tensor('x', x, torch.bfloat16, (E_loc, rows, hidden), dev)
+        _check_tensor('topk_idx', topk_idx, topk_idx_t, (None, None), dev)
+        _check_tensor('topk_weights', topk_weights, torch.float32, tuple(topk_idx.shape), dev)
+        _check_tensor('handle[0] (src_info)', src_info, torch.int32, (E_loc, rows), dev)
+        _check_tensor('handle[1] (layout_range)', layout_range, torch.int64, (E_loc, R), dev)
         num_tokens = topk_idx.size(0)
         if out is None:
-            out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16)
+            out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=dev)
         else:
-            _check_tensor('out', out, torch.bfloat16, (num_tokens, hidden))
+            _check_tensor('out', out, torch.bfloat16, (num_tokens, hidden), dev)
         if combine_wait_recv_cost_stats is not None:
-            _check_tensor('combine_wait_recv_cost_stats', combine_wait_recv_cost_stats, torch.int64, (R,))
-        op = runtime.combine_send(
-            0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(), topk_weights.data_ptr(), num_tokens,
-            topk_idx.size(1), layout_range.data_ptr(), out.data_ptr(),
-            combine_wait_recv_cost_stats.data_ptr() if combine_wait_recv_cost_stats is not None else 0)
+            _check_tensor('combine_wait_recv_cost_stats', combine_wait_recv_cost_stats, torch.int64, (R,), dev)
+        args = (0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(), topk_weights.data_ptr(), num_tokens,
+                topk_idx.size(1), layout_range.data_ptr(), out.data_ptr(),
+                combine_wait_recv_cost_stats.data_ptr() if combine_wait_recv_cost_stats is not None else 0)
+        if self._gpu:
+            op = runtime.combine(*args, return_recv_hook, torch.cuda.current_stream().cuda_stream)
+        else:
+            op = runtime.combine_send(*args)
         keep = (x, topk_idx, topk_weights, layout_range, out, combine_wait_recv_cost_stats)
         event, hook = self._finish(op, keep, async_finish, return_recv_hook)
         return out, event, hook
@@ -338,7 +412,11 @@ class Buffer:
         src_info, layout_range, T, hidden, num_experts = handle
         runtime = self._backend(T, hidden, num_experts)
         E_loc, rows, m = num_experts // self.group_size, self.group_size * T, runtime.combine_row_stride
-        flat = torch.frombuffer(runtime.next_combine_buffer(), dtype=torch.bfloat16)
+        if self._gpu:
+            flat = torch.as_tensor(_DeviceMemory(runtime.next_combine_buffer(), E_loc * rows * m * 2),
+                                   device=self._device).view(torch.bfloat16)
+        else:
+            flat = torch.frombuffer(runtime.next_combine_buffer(), dtype=torch.bfloat16)
         return flat.as_strided((E_loc, rows, hidden), (rows * m, m, 1))
 
     # ------------------------------------------------------------------------------------------ shrink / mask

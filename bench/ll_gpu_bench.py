@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""GPU low-latency benchmark (issue #3): llep's NVLink kernels vs torch all_to_all_single at equal bytes, and
+DeepEP V1 when it is importable, at the DeepSeek-V3 decode shape (hidden 7168, top-8, 256 experts, FP8
+dispatch, BF16 combine) for T in {1, 32, 64, 128, 256} tokens per rank.
+
+Method: one process per GPU (spawn), a gloo group for bootstrap and barriers (an NCCL group only for the
+all_to_all_single baseline, created after llep's numbers are in); per T a fresh layout, 20 warm-up round trips, then N timed
+iterations of [dispatch, combine] back to back on one stream, each bracketed by CUDA events; medians over
+iterations, then the maximum over ranks (the slowest rank bounds the step). Hook mode times the send and the
+receive launch of each operation separately. Results are checked once per T (recv_count equals the routed
+counts) so a broken kernel cannot produce a fast number. Prints a table last; --json writes all numbers.
+"""
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import llep
+
+H, E, K = 7168, 256, 8
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _time(fn, iters, n_events):
+    """Runs fn(events) iters times; fn records n_events events; returns per-gap median lists (µs)."""
+    evs = [[torch.cuda.Event(enable_timing=True) for _ in range(n_events)] for _ in range(iters)]
+    for i in range(iters):
+        fn(evs[i])
+    torch.cuda.synchronize()
+    gaps = []
+    for j in range(n_events - 1):
+        gaps.append(statistics.median(evs[i][j].elapsed_time(evs[i][j + 1]) * 1000 for i in range(iters)))
+    return gaps
+
+
+def _inputs(rank, T, dev):
+    g = torch.Generator(device=dev).manual_seed(rank + 17)
+    x = torch.randn((T, H), generator=g, device=dev).to(torch.bfloat16)
+    scores = torch.rand((T, E), generator=g, device=dev)
+    topk = torch.topk(scores, K, dim=-1).indices.to(torch.int64)
+    w = torch.rand((T, K), generator=g, device=dev)
+    return x, topk, w
+
+
+def _bench_llep(buf, rank, R, T, dev, iters):
+    x, topk, w = _inputs(rank, T, dev)
+    # Correctness gate: counts must equal the routed counts.
+    recv, count, handle, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+    all_topk = [torch.empty_like(topk.cpu()) for _ in range(R)]
+    dist.all_gather(all_topk, topk.cpu())
+    E_loc = E // R
+    want = torch.stack([(torch.cat(all_topk) == rank * E_loc + i).sum() for i in range(E_loc)]).to(torch.int32)
+    assert torch.equal(count.cpu(), want), 'recv_count wrong: benchmark refuses to time a broken kernel'
+    y = torch.randn((E_loc, R * T, H), device=dev).to(torch.bfloat16)
+    out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+
+    def round_trip(ev):
+        ev[0].record()
+        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        ev[1].record()
+        buf.low_latency_combine(y, topk, w, hd, out=out)
+        ev[2].record()
+
+    def hooks(ev):
+        ev[0].record()
+        _, _, hd, _, hook = buf.low_latency_dispatch(x, topk, T, E, return_recv_hook=True)
+        ev[1].record()
+        hook()
+        ev[2].record()
+        _, _, chook = buf.low_latency_combine(y, topk, w, hd, out=out, return_recv_hook=True)
+        ev[3].record()
+        chook()
+        ev[4].record()
+
+    for _ in range(20):
+        round_trip([torch.cuda.Event(enable_timing=True) for _ in range(3)])
+    torch.cuda.synchronize()
+    buf.check_errors()
+    dist.barrier()
+    d, c = _time(round_trip, iters, 3)
+    buf.check_errors()
+    dist.barrier()
+    ds, dr, cs, cr = _time(hooks, iters, 5)
+    buf.check_errors()
+    # Bytes this rank writes to other ranks (what NVLink carries): dispatch messages + combine rows.
+    dst = topk // E_loc
+    msgs = sum(int(((dst == r).any(dim=1)).sum()) for r in range(R) if r != rank)
+    rows = sum(int((dst == r).sum()) for r in range(R) if r != rank)
+    d_bytes = msgs * (H + H // 128 * 4 + 80)
+    c_bytes = rows * H * 2
+    return {'dispatch_us': d, 'combine_us': c, 'round_trip_us': d + c, 'dispatch_send_us': ds,
+            'dispatch_recv_us': dr, 'combine_send_us': cs, 'combine_recv_us': cr,
+            'dispatch_remote_bytes': d_bytes, 'combine_remote_bytes': c_bytes}
+
+
+def _bench_a2a(nccl, R, nbytes, dev, iters):
+    n = max(R, (nbytes // R) * R)
+    inp = torch.empty(n, dtype=torch.uint8, device=dev)
+    outp = torch.empty_like(inp)
+
+    def a2a(ev):
+        ev[0].record()
+        dist.all_to_all_single(outp, inp, group=nccl)
+        ev[1].record()
+
+    for _ in range(10):
+        dist.all_to_all_single(outp, inp, group=nccl)
+    torch.cuda.synchronize()
+    dist.barrier()
+    return _time(a2a, iters, 2)[0]
+
+
+def _bench_deepep(group, rank, R, T, dev, iters):
+    try:
+        import deep_ep  # noqa: F401
+    except ImportError:
+        return None
+    num_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+    buf = deep_ep.Buffer(group, 0, num_bytes, low_latency_mode=True, num_qps_per_rank=E // R)
+    x, topk, w = _inputs(rank, T, dev)
+    y = torch.randn((E // R, R * T, H), device=dev).to(torch.bfloat16)
+
+    def rt(ev):
+        ev[0].record()
+        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        ev[1].record()
+        buf.low_latency_combine(y, topk, w, hd)
+        ev[2].record()
+
+    for _ in range(20):
+        rt([torch.cuda.Event(enable_timing=True) for _ in range(3)])
+    d, c = _time(rt, iters, 3)
+    return {'dispatch_us': d, 'combine_us': c, 'round_trip_us': d + c}
+
+
+def _max_over_ranks(v):
+    t = torch.tensor([float(v)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _worker(rank, R, port, Ts, iters, json_path):
+    # A stuck rank prints every thread's stack and exits instead of holding the GPUs until an outer timeout.
+    faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '240')), exit=True)
+    torch.cuda.set_device(rank)
+    dev = torch.device('cuda', rank)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
+                            timeout=datetime.timedelta(seconds=120))
+    group = dist.group.WORLD
+
+    def say(msg):
+        if rank == 0:
+            print(f'[{time.strftime("%H:%M:%S")}] {msg}', flush=True)
+
+    buf = llep.Buffer(group, low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = 'cuda'
+    rows = []
+    for T in Ts:
+        buf.clean_low_latency_buffer(T, H, E)
+        r = _bench_llep(buf, rank, R, T, dev, iters)
+        r = {k: _max_over_ranks(v) for k, v in r.items()}
+        say(f'llep T={T}: ' + ', '.join(f'{k} {v:.1f}' for k, v in r.items() if k.endswith('_us')))
+        r['T'] = T
+        r['buffer_bytes'] = buf.runtime.buffer_bytes
+        r['num_ctas'] = buf.runtime.num_ctas
+        rows.append(r)
+    buf.destroy()
+    say('llep done; NCCL all_to_all_single baseline next')
+    nccl = dist.new_group(backend='nccl')
+    for r in rows:
+        a = _bench_a2a(nccl, R, int(r['dispatch_remote_bytes']) * R // max(R - 1, 1), dev, iters)
+        b = _bench_a2a(nccl, R, int(r['combine_remote_bytes']) * R // max(R - 1, 1), dev, iters)
+        r['a2a_dispatch_bytes_us'], r['a2a_combine_bytes_us'] = _max_over_ranks(a), _max_over_ranks(b)
+        de = _bench_deepep(nccl, rank, R, r['T'], dev, iters)
+        if de is not None:
+            r.update({f'deepep_{k}': _max_over_ranks(v) for k, v in de.items()})
+    if rank == 0:
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        print(f'\nllep GPU low-latency benchmark: {R} x {torch.cuda.get_device_name(dev)}, hidden {H}, top-{K}, '
+              f'{E} experts, FP8 dispatch / BF16 combine; medians of {iters} iterations, max over ranks (µs)')
+        print(f'buffer {rows[0]["buffer_bytes"] / 2**30:.2f} GiB per rank at T={rows[0]["T"]} '
+              f'(DeepEP V1 hint {llep._llep.deepep_v1_size_hint(rows[0]["T"], H, E) / 2**30:.2f} GiB); '
+              f'{rows[0]["num_ctas"]} of {sms} SMs per launch; DeepEP: '
+              f'{"measured" if "deepep_dispatch_us" in rows[0] else "not importable"}')
+        hdr = (f'{"T":>4} {"dispatch":>9} {"combine":>9} {"round":>8} {"d.send":>7} {"d.recv":>7} {"c.send":>7} '
+               f'{"c.recv":>7} {"a2a(d)":>7} {"a2a(c)":>7} {"DeepEP d/c":>12}')
+        print(hdr)
+        for r in rows:
+            dd = (f'{r["deepep_dispatch_us"]:.1f}/{r["deepep_combine_us"]:.1f}' if 'deepep_dispatch_us' in r
+                  else '-')
+            print(f'{r["T"]:>4} {r["dispatch_us"]:>9.1f} {r["combine_us"]:>9.1f} {r["round_trip_us"]:>8.1f} '
+                  f'{r["dispatch_send_us"]:>7.1f} {r["dispatch_recv_us"]:>7.1f} {r["combine_send_us"]:>7.1f} '
+                  f'{r["combine_recv_us"]:>7.1f} {r["a2a_dispatch_bytes_us"]:>7.1f} {r["a2a_combine_bytes_us"]:>7.1f} '
+                  f'{dd:>12}', flush=True)
+        if json_path:
+            with open(json_path, 'w') as f:
+                json.dump({'ranks': R, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H, 'experts': E,
+                           'topk': K, 'iters': iters, 'rows': rows}, f, indent=1)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--ranks', type=int, default=0, help='GPUs (default: all visible, at most 8)')
+    ap.add_argument('--tokens', type=int, nargs='*', default=[1, 32, 64, 128, 256])
+    ap.add_argument('--iters', type=int, default=200)
+    ap.add_argument('--json', default='')
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not getattr(llep._llep, 'HAVE_CUDA', False):
+        print('ll_gpu_bench: no CUDA device (or llep built without CUDA)')
+        return 1
+    R = args.ranks or min(torch.cuda.device_count(), 8)
+    if R < 2:
+        print(f'll_gpu_bench: needs at least 2 GPUs, found {torch.cuda.device_count()}')
+        return 1
+    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json), nprocs=R, join=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

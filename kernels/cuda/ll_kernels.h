@@ -1,0 +1,108 @@
+// The NVLink low-latency kernels: llep::kernels::cuda::dispatch and llep::kernels::cuda::combine.
+// Layer: kernels/cuda; host-includable (no torch, no abseil). runtime/gpu_buffer.cc fills the parameter blocks
+// and calls the launchers; the kernels implement the same protocol as the CPU backend (kernels/host/ll_host.h)
+// on the same region layout (runtime/protocol/ll_layout.h), and GPU tests compare the two bit for bit.
+//
+// One kernel symbol per operation, the phase a runtime argument: the send and the receive phase of a receive
+// hook are two launches of the same symbol, so profilers that look for `::dispatch` / `::combine` see one row
+// each (shared/spec/deepep-ll-api.md §8.1). No other kernel carries those words.
+//
+// Peers are same-host ranks whose regions are mapped into this process (CUDA IPC); `peers[r]` is rank r's
+// region base as this GPU sees it (`peers[rank]` is the local region). Data goes with plain stores, then one
+// release store of the signal word per (operation, destination) after every warp's data is done.
+//
+// Errors never trap: a kernel that finds a bad expert id, an inconsistent message or a silent peer records the
+// first such event in `error` (mapped host memory the host reads without synchronising) and skips the work it
+// cannot do safely. Bad ids are treated as -1 consistently by every phase, so the buffer stays usable; a
+// timeout or a sequence overrun leaves the protocol state unknown and the host refuses further calls.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/protocol/ll_layout.h"
+
+namespace llep::kernels::cuda {
+
+/// Which part of an operation a launch runs.
+enum LlPhase : int { kPhaseSend = 1, kPhaseRecv = 2, kPhaseBoth = 3 };
+
+/// Error codes the kernels record (GpuErrorInfo::code). 0 = no error.
+enum GpuErrorCode : uint32_t {
+  kGpuOk = 0,
+  kGpuBadExpertId = 1,      ///< topk_idx outside [-1, num_experts): detail = the id; treated as -1
+  kGpuBadLayoutRange = 2,   ///< combine handle's layout_range inconsistent: detail = the entry; rows skipped
+  kGpuTimeout = 3,          ///< a peer did not signal in time: peer = that rank
+  kGpuSequenceOverrun = 4,  ///< a signal from a later call arrived first: too many operations in flight
+  kGpuBadMessage = 5,       ///< a received header is inconsistent: peer = its source, detail = message index
+};
+
+/// First error a kernel hit. Lives in mapped, pinned host memory. The right to write it is claimed with an
+/// atomicCAS on a device-memory word (LlDeviceContext::flags), the fields are written, and `code` is stored
+/// last, so the host never reads a code with the fields of another error.
+struct GpuErrorInfo {
+  uint32_t code;
+  uint32_t op;     ///< protocol::LlOp
+  int32_t peer;    ///< rank the error concerns, or -1
+  uint32_t seq;    ///< call sequence number
+  int64_t detail;  ///< code-specific value
+};
+
+/// Per-rank state every launch needs. POD, passed by value.
+struct LlDeviceContext {
+  protocol::LlLayout layout;
+  int rank = 0;
+  uint8_t* const* peers = nullptr;  ///< device array [R]: every rank's region base in this address space
+  uint32_t* done = nullptr;         ///< device [2 halves][2 ops][R]: finished-message counters (self-resetting)
+  uint32_t* flags = nullptr;        ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
+  GpuErrorInfo* error = nullptr;    ///< device pointer to the mapped host error record
+  uint64_t timeout_ns = 0;          ///< receive wait limit per signal
+};
+
+struct DispatchParams {
+  LlDeviceContext ctx;
+  uint32_t seq = 0;  ///< call sequence number: picks the half, stamps the signals
+  protocol::DispatchMode mode;
+  const uint16_t* x = nullptr;        ///< bf16 [num_tokens, H]
+  const int64_t* topk_idx = nullptr;  ///< [num_tokens, num_topk]
+  int num_tokens = 0;
+  int num_topk = 0;
+  void* recv_x = nullptr;               ///< fp8 uint8 / bf16 [E_loc, R*T, H]
+  void* recv_scales = nullptr;          ///< fp32 [E_loc, H/128, R*T] or packed ue8m0 int32 [E_loc, H/512, R*T]
+  int32_t* recv_count = nullptr;        ///< [E_loc]
+  int32_t* src_info = nullptr;          ///< [E_loc, R*T]
+  int64_t* layout_range = nullptr;      ///< [E_loc, R]: count | begin << 32
+  int32_t* cumulative_stats = nullptr;  ///< optional [E_loc], accumulated
+  int64_t* wait_stats = nullptr;        ///< optional [R]: ns waited per source, accumulated
+};
+
+struct CombineParams {
+  LlDeviceContext ctx;
+  uint32_t seq = 0;
+  const uint16_t* x = nullptr;            ///< bf16 [E_loc, R*T, H]; null = zero-copy (rows in c_send of the half)
+  const int64_t* layout_range = nullptr;  ///< the dispatch handle's [E_loc, R]
+  const int64_t* topk_idx = nullptr;      ///< this rank's routing [num_tokens, num_topk]
+  const float* topk_weights = nullptr;    ///< [num_tokens, num_topk]
+  int num_tokens = 0;
+  int num_topk = 0;
+  uint16_t* out = nullptr;        ///< bf16 [num_tokens, H]
+  int64_t* wait_stats = nullptr;  ///< optional [R], ns, accumulated
+};
+
+/// Launch geometry. Every CTA of a launch must be resident at once (the receive phase of a kPhaseBoth launch
+/// waits on signals other CTAs produce), so num_ctas must not exceed the SM count.
+struct LaunchConfig {
+  int num_ctas = 0;
+};
+
+/// Dynamic shared memory a launch needs for this shape; the host checks it against the device limit once.
+int64_t DispatchSharedBytes(const protocol::LlShape& shape);
+int64_t CombineSharedBytes(const protocol::LlShape& shape);
+/// Raises the kernels' dynamic shared-memory limit to `bytes` (call once per device before launching).
+cudaError_t ConfigureLlKernels(int64_t bytes);
+
+cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream);
+cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream);
+
+}  // namespace llep::kernels::cuda

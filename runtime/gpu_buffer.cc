@@ -1,0 +1,359 @@
+#include "runtime/gpu_buffer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/protocol/signal.h"
+#include "runtime/validate.h"
+
+namespace llep {
+
+using kernels::cuda::GpuErrorInfo;
+using protocol::LlOp;
+
+namespace {
+
+const char* OpName(LlOp op) { return op == LlOp::kDispatch ? "dispatch" : "combine"; }
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+#define LLEP_CUDA_RETURN_IF_ERROR(expr) LLEP_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+
+// What every rank publishes so its peers can map its region.
+struct RegionBlob {
+  uint32_t magic;
+  uint32_t layout_version;
+  int64_t total_bytes;
+  int32_t device;
+  int32_t pid;
+  char host[64];
+  cudaIpcMemHandle_t handle;
+};
+constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
+
+// Slots of the device workspace after the done counters: [2 halves][2 ops][R] counters, then the flags.
+int64_t WorkspaceWords(int R) { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R + 2; }
+
+}  // namespace
+
+GpuBuffer::GpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const GpuBufferOptions& options)
+    : layout_(layout), bootstrap_(bootstrap), options_(options), rank_(bootstrap.rank()) {}
+
+GpuBuffer::~GpuBuffer() { Release(); }
+
+absl::StatusOr<std::unique_ptr<GpuBuffer>> GpuBuffer::Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
+                                                             const GpuBufferOptions& options) {
+  LLEP_RETURN_IF_ERROR(ValidateShape(shape));
+  if (bootstrap.size() != shape.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bootstrap has ", bootstrap.size(), " ranks but the shape says ", shape.num_ranks));
+  }
+  if (options.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("timeout must be positive");
+  if (options.num_ctas < 0) return absl::InvalidArgumentError("num_ctas must be >= 0 (0 = one per SM)");
+  std::unique_ptr<GpuBuffer> b(new GpuBuffer(protocol::ComputeLlLayout(shape), bootstrap, options));
+  LLEP_RETURN_IF_ERROR(b->Init());
+  return b;
+}
+
+absl::Status GpuBuffer::Init() {
+  const protocol::LlShape& shape = layout_.shape;
+  const int R = shape.num_ranks;
+  if (options_.device >= 0) {
+    LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  }
+  LLEP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
+  int sms = 0, smem_optin = 0;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  // Every CTA of a launch must be resident (ll_kernels.h): never more CTAs than SMs.
+  num_ctas_ = options_.num_ctas == 0 ? sms : std::min(options_.num_ctas, sms);
+  const int64_t smem = std::max(kernels::cuda::DispatchSharedBytes(shape), kernels::cuda::CombineSharedBytes(shape));
+  if (smem > smem_optin) {
+    return absl::InvalidArgumentError(absl::StrCat("num_experts=", shape.num_experts, " with num_ranks=", R, " needs ",
+                                                   smem, " bytes of shared memory per CTA; device ", device_,
+                                                   " allows ", smem_optin));
+  }
+  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::ConfigureLlKernels(smem));
+
+  void* p = nullptr;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, static_cast<size_t>(layout_.total_bytes)));
+  region_ = static_cast<uint8_t*>(p);
+  // Zeroed signal words read "never signalled" (signal.h), so the region needs no per-call cleaning.
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(region_, 0, static_cast<size_t>(layout_.total_bytes)));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, static_cast<size_t>(WorkspaceWords(R) * 4)));
+  d_workspace_ = static_cast<uint32_t*>(p);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, static_cast<size_t>(WorkspaceWords(R) * 4)));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(GpuErrorInfo), cudaHostAllocMapped));
+  h_error_ = static_cast<GpuErrorInfo*>(p);
+  std::memset(h_error_, 0, sizeof(GpuErrorInfo));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
+  d_error_ = static_cast<GpuErrorInfo*>(p);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+
+  RegionBlob mine{};
+  mine.magic = kRegionBlobMagic;
+  mine.layout_version = protocol::kLlLayoutVersion;
+  mine.total_bytes = layout_.total_bytes;
+  mine.device = device_;
+  mine.pid = static_cast<int32_t>(getpid());
+  gethostname(mine.host, sizeof(mine.host) - 1);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&mine.handle, region_));
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                        bootstrap_.AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
+  peer_bases_.assign(R, nullptr);
+  peer_bases_[rank_] = region_;
+  for (int r = 0; r < R; ++r) {
+    if (all[r].size() != sizeof(RegionBlob)) return absl::DataLossError(absl::StrCat("rank ", r, ": bad region blob"));
+    RegionBlob peer;
+    std::memcpy(&peer, all[r].data(), sizeof(peer));
+    if (peer.magic != kRegionBlobMagic || peer.layout_version != protocol::kLlLayoutVersion ||
+        peer.total_bytes != layout_.total_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " built a different buffer (", peer.total_bytes, " bytes, layout v", peer.layout_version,
+          ") than this rank (", layout_.total_bytes, " bytes, v", protocol::kLlLayoutVersion,
+          "): every rank must use the same num_max_dispatch_tokens_per_rank, hidden and num_experts"));
+    }
+    if (std::strncmp(peer.host, mine.host, sizeof(mine.host)) != 0) {
+      return absl::UnimplementedError(absl::StrCat("rank ", r, " runs on host '", peer.host, "', this rank on '",
+                                                   mine.host, "': the GPU backend maps same-host peers only"));
+    }
+    if (r == rank_) continue;
+    void* mapped = nullptr;
+    LLEP_RETURN_IF_ERROR(
+        CudaStatus(cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess),
+                   absl::StrCat("mapping rank ", r, "'s region (device ", peer.device, ") with CUDA IPC")));
+    peer_bases_[r] = static_cast<uint8_t*>(mapped);
+  }
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint8_t*) * R));
+  d_peers_ = static_cast<uint8_t**>(p);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_peers_, peer_bases_.data(), sizeof(uint8_t*) * R, cudaMemcpyHostToDevice));
+  // Nobody writes into a peer before every rank mapped every region.
+  return bootstrap_.Barrier();
+}
+
+void GpuBuffer::Release() {
+  if (device_ >= 0) cudaSetDevice(device_);
+  for (int r = 0; r < static_cast<int>(peer_bases_.size()); ++r) {
+    if (r != rank_ && peer_bases_[r] != nullptr) cudaIpcCloseMemHandle(peer_bases_[r]);
+  }
+  peer_bases_.clear();
+  if (d_peers_ != nullptr) cudaFree(d_peers_);
+  if (d_workspace_ != nullptr) cudaFree(d_workspace_);
+  if (region_ != nullptr) cudaFree(region_);
+  if (h_error_ != nullptr) cudaFreeHost(h_error_);
+  d_peers_ = nullptr;
+  d_workspace_ = nullptr;
+  region_ = nullptr;
+  h_error_ = nullptr;
+  d_error_ = nullptr;
+}
+
+kernels::cuda::LlDeviceContext GpuBuffer::Context() const {
+  kernels::cuda::LlDeviceContext c;
+  c.layout = layout_;
+  c.rank = rank_;
+  c.peers = d_peers_;
+  c.done = d_workspace_;
+  c.flags = d_workspace_ + WorkspaceWords(layout_.shape.num_ranks) - 2;
+  c.error = d_error_;
+  c.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
+  return c;
+}
+
+absl::Status GpuBuffer::CheckErrors() {
+  absl::MutexLock lock(&mu_);
+  return CheckErrorsLocked(nullptr);
+}
+
+absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
+  if (closed_) return absl::FailedPreconditionError("buffer is closed");
+  if (!fatal_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the buffer is unusable after an earlier error (rebuild it): ", fatal_.message()));
+  }
+  volatile GpuErrorInfo* e = h_error_;
+  const uint32_t code = e->code;
+  if (code == kernels::cuda::kGpuOk) return absl::OkStatus();
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the kernel stored the fields before the code
+  const LlOp op = e->op == 0 ? LlOp::kDispatch : LlOp::kCombine;
+  const int peer = e->peer;
+  const uint32_t seq = e->seq;
+  const int64_t detail = e->detail;
+  const std::string where = absl::StrCat("GPU ", OpName(op), " call ", seq, ": ");
+  absl::Status s;
+  switch (code) {
+    case kernels::cuda::kGpuBadExpertId:
+      s = absl::InvalidArgumentError(
+          absl::StrCat(where, "topk_idx holds expert id ", detail, ", outside [-1, ", layout_.shape.num_experts,
+                       ") or repeated within one token; that selection was dropped (treated as -1)"));
+      break;
+    case kernels::cuda::kGpuBadLayoutRange:
+      s = absl::InvalidArgumentError(absl::StrCat(where, "the handle's layout_range is inconsistent (entry or total ",
+                                                  detail, ", home rank ", peer,
+                                                  "); those rows were not sent: pass the handle of the matching "
+                                                  "dispatch"));
+      break;
+    case kernels::cuda::kGpuTimeout:
+      s = absl::DeadlineExceededError(
+          absl::StrCat(where,
+                       peer == rank_ ? "this rank's own kernel did not finish its sends"
+                                     : absl::StrCat("rank ", peer, " did not signal"),
+                       " within ", absl::FormatDuration(options_.timeout),
+                       " (peer dead, stalled, or calling a different sequence of operations)"));
+      break;
+    case kernels::cuda::kGpuSequenceOverrun:
+      s = absl::DataLossError(absl::StrCat(where, "rank ", peer, " already signalled call ", detail,
+                                           " into the same half: more operations were in flight than allowed"));
+      break;
+    default:
+      s = absl::DataLossError(absl::StrCat(where, "inconsistent data from rank ", peer, " (error code ", code,
+                                           ", detail ", detail,
+                                           "): ranks disagree on the call sequence, topk_idx "
+                                           "of dispatch and combine, or the buffer shape"));
+      break;
+  }
+  if (code == kernels::cuda::kGpuBadExpertId || code == kernels::cuda::kGpuBadLayoutRange) {
+    // Recoverable: the kernels kept the buffer consistent. Re-arm the record behind the work already queued.
+    e->code = 0;
+    cudaSetDevice(device_);
+    const absl::Status clear = CudaStatus(
+        cudaMemsetAsync(d_workspace_ + WorkspaceWords(layout_.shape.num_ranks) - 2, 0, 4, stream), "re-arming");
+    if (!clear.ok()) fatal_ = clear;
+    return s;
+  }
+  fatal_ = s;
+  return s;
+}
+
+absl::StatusOr<uint32_t> GpuBuffer::BeginSend(LlOp op) {
+  const uint32_t next = protocol::NextCallSeq(seq_);
+  for (uint32_t s : unreceived_) {
+    if (protocol::HalfOfSeq(s) == protocol::HalfOfSeq(next)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("at most two low-latency operations may be in flight: ", OpName(op), " call ", next,
+                       " would reuse the buffer half of call ", s, ", whose receive (hook) has not run"));
+    }
+  }
+  seq_ = next;
+  return next;
+}
+
+absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
+  const protocol::LlShape& shape = layout_.shape;
+  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
+  LLEP_RETURN_IF_ERROR(ValidateDispatchMode(shape, call.mode));
+  if (call.num_tokens > 0 && (call.x == nullptr || call.topk_idx == nullptr)) {
+    return absl::InvalidArgumentError("dispatch x or topk_idx is null");
+  }
+  if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
+      call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {
+    return absl::InvalidArgumentError(
+        "dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
+  }
+  absl::MutexLock lock(&mu_);
+  LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
+  GpuPendingOp op;
+  op.seq = seq;
+  op.op = LlOp::kDispatch;
+  kernels::cuda::DispatchParams& p = op.dispatch;
+  p.ctx = Context();
+  p.seq = seq;
+  p.mode = call.mode;
+  p.x = call.x;
+  p.topk_idx = call.topk_idx;
+  p.num_tokens = call.num_tokens;
+  p.num_topk = call.num_topk;
+  p.recv_x = call.recv_x;
+  p.recv_scales = call.recv_scales;
+  p.recv_count = call.recv_count;
+  p.src_info = call.src_info;
+  p.layout_range = call.layout_range;
+  p.cumulative_stats = call.cumulative_local_expert_recv_stats;
+  p.wait_stats = call.wait_recv_cost_stats;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(
+      p, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, {num_ctas_}, stream));
+  if (split) unreceived_.push_back(seq);
+  return op;
+}
+
+absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool split, cudaStream_t stream) {
+  const protocol::LlShape& shape = layout_.shape;
+  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
+  if (!call.zero_copy && call.x == nullptr) return absl::InvalidArgumentError("combine x is null");
+  if (call.layout_range == nullptr) return absl::InvalidArgumentError("combine layout_range is null");
+  if (call.num_tokens > 0 && (call.out == nullptr || call.topk_weights == nullptr || call.topk_idx == nullptr)) {
+    return absl::InvalidArgumentError("combine out, topk_idx or topk_weights is null");
+  }
+  absl::MutexLock lock(&mu_);
+  LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kCombine));
+  GpuPendingOp op;
+  op.seq = seq;
+  op.op = LlOp::kCombine;
+  kernels::cuda::CombineParams& p = op.combine;
+  p.ctx = Context();
+  p.seq = seq;
+  p.x = call.zero_copy ? nullptr : call.x;
+  p.layout_range = call.layout_range;
+  p.topk_idx = call.topk_idx;
+  p.topk_weights = call.topk_weights;
+  p.num_tokens = call.num_tokens;
+  p.num_topk = call.num_topk;
+  p.out = call.out;
+  p.wait_stats = call.wait_recv_cost_stats;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(
+      p, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, {num_ctas_}, stream));
+  if (split) unreceived_.push_back(seq);
+  return op;
+}
+
+absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find(unreceived_.begin(), unreceived_.end(), op.seq);
+  if (op.seq == 0 || it == unreceived_.end()) {
+    return absl::FailedPreconditionError("operation already received or not sent on this buffer");
+  }
+  unreceived_.erase(it);
+  LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  if (op.op == LlOp::kDispatch) {
+    LLEP_CUDA_RETURN_IF_ERROR(
+        kernels::cuda::LaunchDispatch(op.dispatch, kernels::cuda::kPhaseRecv, {num_ctas_}, stream));
+  } else {
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, kernels::cuda::kPhaseRecv, {num_ctas_}, stream));
+  }
+  return absl::OkStatus();
+}
+
+uint16_t* GpuBuffer::NextCombineBuffer() const {
+  absl::MutexLock lock(&mu_);
+  const uint32_t next = protocol::NextCallSeq(seq_);
+  return reinterpret_cast<uint16_t*>(region_ + layout_.CombineSendOffset(protocol::HalfOfSeq(next), 0, 0));
+}
+
+absl::Status GpuBuffer::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+  }
+  cudaSetDevice(device_);
+  absl::Status s = CudaStatus(cudaDeviceSynchronize(), "synchronising before close");
+  // No peer may still write into a region that is about to be freed.
+  const absl::Status b = bootstrap_.Barrier();
+  if (s.ok()) s = b;
+  Release();
+  return s;
+}
+
+}  // namespace llep

@@ -1,0 +1,107 @@
+// A rank of the GPU backend on one host: the LL region in device memory, mapped into every same-host peer with
+// CUDA IPC, and the NVLink kernels of kernels/cuda/ll_kernels.h launched on the caller's stream. Layer: runtime.
+//
+// Calls are stream-ordered and never synchronise with the device: a send returns once its kernel is queued. The
+// kernels report bad input, protocol inconsistencies and silent peers through a record in mapped host memory;
+// every call first reads it (one host load) and turns an error into a Status:
+//   - InvalidArgument for bad topk_idx / layout_range (the kernels treated them as "no expert" / "no rows"; the
+//     buffer stays usable and the record is cleared),
+//   - DeadlineExceeded / DataLoss for a peer that did not answer in time or a sequence overrun (sticky: the
+//     protocol state is unknown, every later call fails; rebuild the buffer).
+// Because errors surface on the next call (or CheckErrors()), a caller that must know a specific call's outcome
+// synchronises its stream and calls CheckErrors().
+//
+// In-flight rule: as the CPU backend (cpu_buffer.h): a send is refused while the operation two calls earlier is
+// unreceived, and all launches on one buffer must be ordered on one stream (or by events) as DeepEP requires.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/cuda/ll_kernels.h"
+#include "runtime/bootstrap.h"
+#include "runtime/ll_calls.h"
+#include "runtime/protocol/ll_layout.h"
+
+namespace llep {
+
+struct GpuBufferOptions {
+  int device = -1;                             ///< CUDA device of this rank; -1 = the calling thread's current one
+  absl::Duration timeout = absl::Seconds(30);  ///< receive wait per signal before the kernel records a timeout
+  int num_ctas = 0;                            ///< CTAs per launch; 0 = the device's SM count
+};
+
+/// A sent operation whose receive phase has not been launched yet (receive hooks). Copyable: the Python layer
+/// shares it with the hook closure; Receive() accepts it once.
+struct GpuPendingOp {
+  uint32_t seq = 0;
+  protocol::LlOp op = protocol::LlOp::kDispatch;
+  kernels::cuda::DispatchParams dispatch;
+  kernels::cuda::CombineParams combine;
+};
+
+class GpuBuffer {
+ public:
+  /// Collective: allocates and zeroes the region, exchanges IPC handles through `bootstrap`, maps every peer.
+  static absl::StatusOr<std::unique_ptr<GpuBuffer>> Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
+                                                           const GpuBufferOptions& options);
+  ~GpuBuffer();
+
+  /// Queues the dispatch: send and receive phases in one launch, or only the send phase when `split` (the
+  /// receive phase is then launched by Receive(), the hook). Pointers are device pointers.
+  absl::StatusOr<GpuPendingOp> Dispatch(const DispatchCall& call, bool split, cudaStream_t stream);
+  /// The same for combine. call.zero_copy: rows were written into NextCombineBuffer().
+  absl::StatusOr<GpuPendingOp> Combine(const CombineCall& call, bool split, cudaStream_t stream);
+  /// Launches the receive phase of a split operation on `stream`.
+  absl::Status Receive(const GpuPendingOp& op, cudaStream_t stream);
+
+  /// Reads the kernels' error record (no device synchronisation). OK when no kernel reported anything.
+  absl::Status CheckErrors();
+
+  /// bf16 [E/R, R*T, combine_row_stride] staging of the half the next call uses (DeepEP zero-copy buffer).
+  uint16_t* NextCombineBuffer() const;
+  int64_t combine_buffer_row_stride() const { return layout_.combine_stride / 2; }
+
+  /// Collective: synchronises the device, barrier, unmaps peers and frees the region.
+  absl::Status Close();
+
+  const protocol::LlLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  int device() const { return device_; }
+  int num_ctas() const { return num_ctas_; }
+
+ private:
+  GpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const GpuBufferOptions& options);
+  absl::Status Init();
+  absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  kernels::cuda::LlDeviceContext Context() const;
+  void Release();
+
+  protocol::LlLayout layout_;
+  Bootstrap& bootstrap_;
+  GpuBufferOptions options_;
+  int rank_;
+  int device_ = -1;
+  int num_ctas_ = 0;
+  uint8_t* region_ = nullptr;                       // own region (device memory)
+  std::vector<uint8_t*> peer_bases_;                // [R]; peer_bases_[rank_] == region_
+  uint8_t** d_peers_ = nullptr;                     // device copy of peer_bases_
+  uint32_t* d_workspace_ = nullptr;                 // done counters + flags (ll_kernels.h LlDeviceContext)
+  kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
+  kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias
+  mutable absl::Mutex mu_;
+  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> unreceived_ ABSL_GUARDED_BY(mu_);
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // sticky error after a timeout / overrun
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace llep

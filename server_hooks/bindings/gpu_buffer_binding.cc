@@ -1,0 +1,147 @@
+// Python binding of runtime/gpu_buffer.h. Tensors cross as device addresses, streams as their integer handles
+// (torch.cuda.Stream.cuda_stream), so the module never links torch. llep/buffer.py validates dtypes, shapes and
+// devices before calling here.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/bootstrap.h"
+#include "runtime/gpu_buffer.h"
+#include "server_hooks/bindings/status_to_python.h"
+
+namespace llep::bindings {
+namespace py = pybind11;
+namespace {
+
+template <typename T>
+T* Ptr(uintptr_t addr) {
+  return reinterpret_cast<T*>(addr);
+}
+cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+class PyGpuBuffer {
+ public:
+  PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s,
+              int num_ctas) {
+    bootstrap_ = MakeCallbackBootstrap(
+        rank, R, [allgather](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> {
+          py::gil_scoped_acquire gil;
+          try {
+            py::list out = allgather(py::bytes(blob));
+            std::vector<std::string> all;
+            for (py::handle h : out) all.push_back(h.cast<std::string>());
+            return all;
+          } catch (const std::exception& e) {
+            return absl::UnavailableError(std::string("allgather callback raised: ") + e.what());
+          }
+        });
+    GpuBufferOptions opt;
+    opt.device = device;
+    opt.timeout = absl::Seconds(timeout_s);
+    opt.num_ctas = num_ctas;
+    auto buf = GpuBuffer::Create(protocol::LlShape{T, H, E, R}, *bootstrap_, opt);
+    ThrowIfError(buf.status());
+    buffer_ = *std::move(buf);
+  }
+
+  std::shared_ptr<GpuPendingOp> Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
+                                         bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+                                         uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
+                                         uintptr_t cumulative_stats, uintptr_t wait_stats, bool split,
+                                         uintptr_t stream) {
+    DispatchCall c;
+    c.x = Ptr<const uint16_t>(x);
+    c.topk_idx = Ptr<const int64_t>(topk);
+    c.num_tokens = num_tokens;
+    c.num_topk = num_topk;
+    c.mode = {use_fp8, round_scale, use_ue8m0};
+    c.recv_x = Ptr<void>(recv_x);
+    c.recv_scales = Ptr<void>(recv_scales);
+    c.recv_count = Ptr<int32_t>(recv_count);
+    c.src_info = Ptr<int32_t>(src_info);
+    c.layout_range = Ptr<int64_t>(layout_range);
+    c.cumulative_local_expert_recv_stats = Ptr<int32_t>(cumulative_stats);
+    c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+    auto op = Live()->Dispatch(c, split, Stream(stream));
+    ThrowIfError(op.status());
+    return std::make_shared<GpuPendingOp>(*op);
+  }
+
+  std::shared_ptr<GpuPendingOp> Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
+                                        int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats,
+                                        bool split, uintptr_t stream) {
+    CombineCall c;
+    c.x = Ptr<const uint16_t>(x);
+    c.zero_copy = zero_copy;
+    c.topk_idx = Ptr<const int64_t>(topk);
+    c.topk_weights = Ptr<const float>(weights);
+    c.num_tokens = num_tokens;
+    c.num_topk = num_topk;
+    c.layout_range = Ptr<const int64_t>(layout_range);
+    c.out = Ptr<uint16_t>(out);
+    c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+    auto op = Live()->Combine(c, split, Stream(stream));
+    ThrowIfError(op.status());
+    return std::make_shared<GpuPendingOp>(*op);
+  }
+
+  /// The hook: queues the receive phase on `stream`. Never waits on the host.
+  void Receive(const std::shared_ptr<GpuPendingOp>& op, uintptr_t stream) {
+    if (!op) ThrowIfError(absl::InvalidArgumentError("no operation"));
+    ThrowIfError(Live()->Receive(*op, Stream(stream)));
+  }
+
+  void CheckErrors() { ThrowIfError(Live()->CheckErrors()); }
+  uintptr_t NextCombineBuffer() { return reinterpret_cast<uintptr_t>(Live()->NextCombineBuffer()); }
+  int64_t combine_row_stride() { return Live()->combine_buffer_row_stride(); }
+  int64_t buffer_bytes() { return Live()->layout().total_bytes; }
+  int num_ctas() { return Live()->num_ctas(); }
+  int device() { return Live()->device(); }
+
+  void Close() {
+    if (!buffer_) return;
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = buffer_->Close();
+    }
+    buffer_.reset();
+    ThrowIfError(s);
+  }
+
+ private:
+  GpuBuffer* Live() {
+    if (!buffer_) ThrowIfError(absl::FailedPreconditionError("buffer was destroyed"));
+    return buffer_.get();
+  }
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::unique_ptr<GpuBuffer> buffer_;
+};
+
+}  // namespace
+
+void BindGpuBuffer(py::module_& m) {
+  py::class_<GpuPendingOp, std::shared_ptr<GpuPendingOp>>(m, "GpuPendingOp",
+                                                          "A queued send phase waiting for its receive launch.")
+      .def_property_readonly("seq", [](const GpuPendingOp& op) { return op.seq; });
+  py::class_<PyGpuBuffer>(m, "GpuBuffer", "One rank of the NVLink GPU backend (runtime/gpu_buffer.h).")
+      .def(py::init<int, int, int, int, int, py::function, int, double, int>(), py::arg("T"), py::arg("H"),
+           py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("device"), py::arg("timeout_s"),
+           py::arg("num_ctas"))
+      .def("dispatch", &PyGpuBuffer::Dispatch)
+      .def("combine", &PyGpuBuffer::Combine)
+      .def("receive", &PyGpuBuffer::Receive)
+      .def("check_errors", &PyGpuBuffer::CheckErrors)
+      .def("next_combine_buffer", &PyGpuBuffer::NextCombineBuffer)
+      .def_property_readonly("combine_row_stride", &PyGpuBuffer::combine_row_stride)
+      .def_property_readonly("buffer_bytes", &PyGpuBuffer::buffer_bytes)
+      .def_property_readonly("num_ctas", &PyGpuBuffer::num_ctas)
+      .def_property_readonly("device", &PyGpuBuffer::device)
+      .def("close", &PyGpuBuffer::Close);
+}
+
+}  // namespace llep::bindings

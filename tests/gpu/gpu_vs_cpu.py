@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""GPU backend vs CPU backend through llep.Buffer: the correctness matrix of issue #3.
+
+Every rank builds two Buffers on one gloo group, one on the NVLink kernels ('cuda') and one on the CPU backend
+('cpu', the oracle the CPU e2e tests pin bit for bit to the definitions), feeds both the same inputs and compares:
+  dispatch  recv_x bytes (FP8 codes or BF16) and scales in every valid row, recv_count, layout_range, src_info,
+            cumulative_local_expert_recv_stats — exact;
+  combine   out — exact (both backends accumulate with fma in fp32 in top-k order; the issue allows 1e-5
+            relative, we require equal bits and report the largest difference if not).
+Matrix: num_tokens {1, 3, 64, 128, 256}, hidden {2048, 4096, 7168}, experts {64, 256, 288}, 2 and 4 ranks,
+random and hot-expert routing with -1 holes, FP8 / round_scale / UE8M0 / BF16, hooks on/off, LogFMT, zero-copy,
+async_finish; each case runs many GPU iterations over both buffer halves against CPU references of a few
+distinct inputs. Then error cases: a bad expert id is reported and the buffer stays usable; a rank that never
+calls makes its peers' kernels time out and report LlepTimeoutError instead of hanging.
+
+Runs without pytest (scripts/gpu_test.sh calls it); ranks share GPUs round-robin when fewer GPUs than ranks.
+Writes one JSON line per (case, rank) to --results and prints a summary; exit code 0 only if all passed.
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import llep
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+# (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters)
+def _cases(quick):
+    cases = []
+    modes = ['fp8', 'bf16', 'fp8_round', 'ue8m0']
+    i = 0
+    for R in (4, 2):
+        for (n, H, E) in ((1, 7168, 256), (3, 2048, 64), (64, 4096, 288), (128, 7168, 256), (256, 7168, 256),
+                          (128, 2048, 288), (64, 7168, 64)):
+            T = max(n, 4)
+            for routing in ('random', 'hot'):
+                mode = modes[i % len(modes)]
+                hook = i % 2 == 1
+                zero_copy = i % 3 == 2
+                logfmt = (i % 5 == 4) and not zero_copy
+                iters = 8 if n >= 128 else 20
+                cases.append((f'R{R}_n{n}_H{H}_E{E}_{mode}_{routing}' + ('_hook' if hook else '') +
+                              ('_zc' if zero_copy else '') + ('_logfmt' if logfmt else ''),
+                              R, n, T, H, E, 8, mode, routing, hook, zero_copy, logfmt, iters))
+                i += 1
+    if quick:
+        cases = cases[::4]
+    return cases
+
+
+def _inputs(rank, seed, n, H, E, K, routing):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    x = (torch.randn((n, H), generator=g) * 3).to(torch.bfloat16)
+    x[:, :128] *= 1000  # wide dynamic range across groups
+    if n > 1:
+        x[n // 2, 128:256] = 0  # an all-zero group: the amax floor
+    scores = torch.rand((n, E), generator=g)
+    if routing == 'hot':
+        scores[:, :4] += 2.0  # every token picks experts 0..3: one rank receives 4 rows of every token
+    topk = torch.topk(scores, K, dim=-1).indices.to(torch.int64)
+    holes = torch.rand((n, K), generator=g) < 0.1
+    topk[holes] = -1
+    w = torch.rand((n, K), generator=g) + 0.05
+    return x, topk, w
+
+
+def _expert_out(rank, seed, E_loc, rows, H):
+    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    return torch.randn((E_loc, rows, H), generator=g).to(torch.bfloat16)
+
+
+def _run(buf, x, topk, w, y, T, E, mode, hook, zero_copy, logfmt, stats, wait_d, wait_c):
+    use_fp8 = mode != 'bf16'
+    round_scale = mode in ('fp8_round', 'ue8m0')
+    use_ue8m0 = mode == 'ue8m0'
+    recv, count, handle, event, h = buf.low_latency_dispatch(
+        x, topk, T, E, cumulative_local_expert_recv_stats=stats, dispatch_wait_recv_cost_stats=wait_d,
+        use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, async_finish=not hook,
+        return_recv_hook=hook)
+    if hook:
+        h()
+    else:
+        event.current_stream_wait()
+    if zero_copy:
+        buf.get_next_low_latency_combine_buffer(handle)[:] = y
+    out, cevent, ch = buf.low_latency_combine(y, topk, w, handle, use_logfmt=logfmt, zero_copy=zero_copy,
+                                              async_finish=not hook, return_recv_hook=hook,
+                                              combine_wait_recv_cost_stats=wait_c)
+    if hook:
+        ch()
+    else:
+        cevent.current_stream_wait()
+    recv_x, scales = recv if use_fp8 else (recv, None)
+    return recv_x, scales, count, handle, out
+
+
+def _compare(ref, got, E_loc):
+    """Returns a list of mismatch descriptions (empty = equal)."""
+    errs = []
+    r_x, r_s, r_cnt, r_h, r_out = ref
+    g_x, g_s, g_cnt, g_h, g_out = got
+    g_x, g_cnt, g_out = g_x.cpu(), g_cnt.cpu(), g_out.cpu()
+    g_s = g_s.cpu() if g_s is not None else None
+    g_h = (g_h[0].cpu(), g_h[1].cpu())
+    if not torch.equal(r_cnt, g_cnt):
+        errs.append(f'recv_count {r_cnt.tolist()} != {g_cnt.tolist()}')
+        return errs
+    if not torch.equal(r_h[1], g_h[1]):
+        errs.append('layout_range differs')
+    for le in range(E_loc):
+        n = int(r_cnt[le])
+        if n == 0:
+            continue
+        if not torch.equal(r_h[0][le, :n], g_h[0][le, :n]):
+            errs.append(f'src_info differs for local expert {le}')
+        a, b = r_x[le, :n].view(torch.uint8), g_x[le, :n].view(torch.uint8)
+        if not torch.equal(a, b):
+            bad = (a != b).nonzero()
+            errs.append(f'recv_x differs for local expert {le}: {bad.size(0)} bytes, first at {bad[0].tolist()}')
+        if r_s is not None:
+            sa, sb = r_s[le, :n].contiguous().view(torch.uint8), g_s[le, :n].contiguous().view(torch.uint8)
+            if not torch.equal(sa, sb):
+                errs.append(f'scales differ for local expert {le}')
+        if len(errs) > 6:
+            break
+    if not torch.equal(r_out.view(torch.int16), g_out.view(torch.int16)):
+        diff = (r_out.float() - g_out.float()).abs()
+        rel = (diff / r_out.float().abs().clamp_min(1e-6)).max().item()
+        errs.append(f'combine out differs: max abs {diff.max().item():.3g}, max rel {rel:.3g}')
+    return errs
+
+
+def _case(rank, case, gloo, log):
+    name, R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters = case
+    E_loc, rows = E // R, R * T
+    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    gpu.backend = 'cuda'
+    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    cpu.backend = 'cpu'
+    dev = torch.device('cuda', torch.cuda.current_device())
+    errs = []
+    refs = []
+    cpu_stats = torch.zeros(E_loc, dtype=torch.int32)
+    seeds = (1, 2, 3)
+    for seed in seeds:  # CPU references for three distinct inputs
+        x, topk, w = _inputs(rank, seed, n, H, E, K, routing)
+        y = _expert_out(rank, seed, E_loc, rows, H)
+        refs.append((x, topk, w, y, _run(cpu, x, topk, w, y, T, E, mode, False, False, False, cpu_stats,
+                                           None, None)))
+    gpu_stats = torch.zeros(E_loc, dtype=torch.int32, device=dev)
+    wait_d = torch.zeros(R, dtype=torch.int64, device=dev)
+    wait_c = torch.zeros(R, dtype=torch.int64, device=dev)
+    t0 = time.time()
+    expected_stats = torch.zeros(E_loc, dtype=torch.int32)
+    for it in range(iters):
+        x, topk, w, y, ref = refs[it % len(refs)]
+        got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, mode, hook, zero_copy, logfmt,
+                   gpu_stats, wait_d, wait_c)
+        torch.cuda.synchronize()
+        gpu.check_errors()
+        expected_stats += ref[2]
+        e = _compare(ref, got, E_loc)
+        if e:
+            errs.extend(f'iter {it}: {m}' for m in e)
+            break
+    if not errs and not torch.equal(gpu_stats.cpu(), expected_stats):
+        errs.append('cumulative_local_expert_recv_stats differs')
+    if not errs and (int(wait_d.min()) < 0 or int(wait_c.min()) < 0):
+        errs.append('negative wait stats')
+    gpu.destroy()
+    cpu.destroy()
+    log({'case': name, 'rank': rank, 'ok': not errs, 'errors': errs[:8], 'gpu_iters': iters,
+         'seconds': round(time.time() - t0, 2)})
+
+
+def _error_cases(rank, R, gloo, log):
+    """Bad expert id (recoverable) and a silent peer (timeout, not a hang)."""
+    T, H, E, K = 8, 2048, 16, 4
+    dev = torch.device('cuda', torch.cuda.current_device())
+    buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = 'cuda'
+    x, topk, w = _inputs(rank, 5, T, H, E, K, 'random')
+    x, topk = x.to(dev), topk.to(dev)
+    errs = []
+    bad = topk.clone()
+    bad[0, 0] = E + 5
+    buf.low_latency_dispatch(x, bad, T, E)
+    torch.cuda.synchronize()
+    try:
+        buf.check_errors()
+        errs.append('bad expert id not reported')
+    except llep.LlepInvalidArgumentError as e:
+        if str(E + 5) not in str(e):
+            errs.append(f'bad expert id message lacks the id: {e}')
+    # Still usable: a clean round trip afterwards.
+    recv, count, handle, _, _ = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False)
+    out, _, _ = buf.low_latency_combine(recv, topk, w.to(dev), handle)
+    torch.cuda.synchronize()
+    buf.check_errors()
+    log({'case': 'bad_expert_id_reported_and_recovered', 'rank': rank, 'ok': not errs, 'errors': errs})
+
+    # Rank 1 skips a dispatch: everyone else must get LlepTimeoutError within the configured timeout.
+    errs = []
+    t0 = time.time()
+    if rank != 1:
+        buf.low_latency_dispatch(x, topk, T, E)
+        torch.cuda.synchronize()
+        waited = time.time() - t0
+        try:
+            buf.check_errors()
+            errs.append('silent peer not reported')
+        except llep.LlepTimeoutError as e:
+            if 'rank 1' not in str(e):
+                errs.append(f'timeout does not name rank 1: {e}')
+        if waited > 30:
+            errs.append(f'timeout took {waited:.1f} s')
+        try:
+            buf.low_latency_dispatch(x, topk, T, E)
+            errs.append('buffer still accepted calls after a timeout')
+        except llep.LlepError:
+            pass
+    log({'case': 'silent_peer_times_out', 'rank': rank, 'ok': not errs, 'errors': errs,
+         'seconds': round(time.time() - t0, 2)})
+    buf.destroy()
+
+
+def _worker(rank, R, port, cases, results_path):
+    os.environ['LLEP_TIMEOUT_S'] = os.environ.get('LLEP_TIMEOUT_S', '20')
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
+                            timeout=datetime.timedelta(seconds=180))
+    gloo = dist.group.WORLD
+
+    def log(rec):
+        with open(results_path, 'a') as f:
+            f.write(json.dumps(rec) + '\n')
+
+    for case in cases:
+        try:
+            _case(rank, case, gloo, log)
+        except Exception:  # record and stop: the ranks are out of step now
+            log({'case': case[0], 'rank': rank, 'ok': False, 'errors': [traceback.format_exc()[-1500:]]})
+            raise
+    os.environ['LLEP_TIMEOUT_S'] = '3'
+    _error_cases(rank, R, gloo, log)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--results', default='gpu_vs_cpu.jsonl')
+    ap.add_argument('--quick', action='store_true')
+    ap.add_argument('--ranks', type=int, nargs='*', default=[4, 2])
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not getattr(llep._llep, 'HAVE_CUDA', False):
+        print('gpu_vs_cpu: SKIPPED (no CUDA device or llep built without CUDA)')
+        return 0
+    open(args.results, 'w').close()
+    all_cases = _cases(args.quick)
+    rc = 0
+    for R in args.ranks:
+        cases = [c for c in all_cases if c[1] == R]
+        try:
+            mp.spawn(_worker, args=(R, _free_port(), cases, args.results), nprocs=R, join=True)
+        except Exception as e:
+            print(f'R={R}: worker failed: {e}', flush=True)
+            rc = 1
+    recs = [json.loads(l) for l in open(args.results)]
+    by_case = {}
+    for r in recs:
+        by_case.setdefault(r['case'], []).append(r)
+    print(f'\n{"case":<58} {"ranks":>5} {"iters":>5} {"result":>6}')
+    for name, rs in by_case.items():
+        ok = all(r['ok'] for r in rs)
+        rc |= 0 if ok else 1
+        print(f'{name:<58} {len(rs):>5} {rs[0].get("gpu_iters", "-"):>5} {"PASS" if ok else "FAIL":>6}')
+        for r in rs:
+            for e in r['errors'][:3]:
+                print(f'    rank {r["rank"]}: {e}')
+    n_ok = sum(all(r['ok'] for r in rs) for rs in by_case.values())
+    print(f'gpu_vs_cpu: {n_ok}/{len(by_case)} cases passed')
+    return rc
+
+
+if __name__ == '__main__':
+    sys.exit(main())
