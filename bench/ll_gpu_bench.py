@@ -4,10 +4,13 @@ DeepEP V1 when it is importable, at the DeepSeek-V3 decode shape (hidden 7168, t
 dispatch, BF16 combine) for T in {1, 32, 64, 128, 256} tokens per rank.
 
 Method: one process per GPU (spawn), a gloo group for bootstrap and barriers (an NCCL group only for the
-all_to_all_single baseline, created after llep's numbers are in); per T a fresh layout, 20 warm-up round trips, then N timed
-iterations of [dispatch, combine] back to back on one stream, each bracketed by CUDA events; medians over
-iterations, then the maximum over ranks (the slowest rank bounds the step). Hook mode times the send and the
-receive launch of each operation separately. Results are checked once per T (recv_count equals the routed
+all_to_all_single baseline, created after llep's numbers are in); per T a fresh layout and 20 warm-up round
+trips. Two measurements, each over N iterations, medians, then the maximum over ranks (the slowest rank bounds
+the step):
+  kernel  CUDA kernel durations from the profiler (kineto), as DeepEP's bench_kineto and the anchors report
+          them: dispatch and combine in one launch each, and in hook mode the send and receive launches apart.
+  events  [dispatch, combine] back to back bracketed by CUDA events, queued behind a GPU sleep so the host is
+          ahead and the gaps are GPU time, not Python time. Results are checked once per T (recv_count equals the routed
 counts) so a broken kernel cannot produce a fast number. Prints a table last; --json writes all numbers.
 """
 import argparse
@@ -45,6 +48,44 @@ def _time(fn, iters, n_events):
     for j in range(n_events - 1):
         gaps.append(statistics.median(evs[i][j].elapsed_time(evs[i][j + 1]) * 1000 for i in range(iters)))
     return gaps
+
+
+_ALIGN = {}
+
+
+def _gpu_ahead():
+    """Makes every rank's GPU busy for ~50 ms and then meet the others in an NCCL all_reduce, so the host queues
+    the measured iterations meanwhile and all ranks start them together: kernel times then hold GPU work and
+    peer waits only, not Python launch overhead or host skew between ranks (as DeepEP's bench_kineto does with a
+    large GEMM and an all_reduce)."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda._sleep(100_000_000)
+    dist.all_reduce(_ALIGN['one'], group=_ALIGN['nccl'])
+
+
+def _time_gpu_bound(fn, iters, n_events):
+    """As _time, behind _gpu_ahead()."""
+    _gpu_ahead()
+    return _time(fn, iters, n_events)
+
+
+def _kernel_times(fn, iters):
+    """Median kineto durations (µs) of llep's kernels per launch kind, in launch order: {name: [per launch]}."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _gpu_ahead()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = {'dispatch': [], 'combine': []}
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    for e in evs:
+        for op in out:
+            if f'::{op}' in e.name:
+                out[op].append(e.time_range.elapsed_us())
+    return out
 
 
 def _inputs(rank, T, dev):
@@ -86,15 +127,31 @@ def _bench_llep(buf, rank, R, T, dev, iters):
         chook()
         ev[4].record()
 
+    def plain():
+        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        buf.low_latency_combine(y, topk, w, hd, out=out)
+
+    def hooked():
+        _, _, hd, _, hook = buf.low_latency_dispatch(x, topk, T, E, return_recv_hook=True)
+        hook()
+        _, _, chook = buf.low_latency_combine(y, topk, w, hd, out=out, return_recv_hook=True)
+        chook()
+
     for _ in range(20):
-        round_trip([torch.cuda.Event(enable_timing=True) for _ in range(3)])
+        plain()
     torch.cuda.synchronize()
     buf.check_errors()
     dist.barrier()
-    d, c = _time(round_trip, iters, 3)
-    buf.check_errors()
+    k = _kernel_times(plain, iters)
     dist.barrier()
-    ds, dr, cs, cr = _time(hooks, iters, 5)
+    kh = _kernel_times(hooked, iters)
+    med = statistics.median
+    kd, kc = med(k['dispatch']), med(k['combine'])
+    kds, kdr = med(kh['dispatch'][0::2]), med(kh['dispatch'][1::2])
+    kcs, kcr = med(kh['combine'][0::2]), med(kh['combine'][1::2])
+    d, c = _time_gpu_bound(round_trip, iters, 3)
+    ds, dr, cs, cr = _time_gpu_bound(hooks, iters, 5)
+    torch.cuda.synchronize()
     buf.check_errors()
     # Bytes this rank writes to other ranks (what NVLink carries): dispatch messages + combine rows.
     dst = topk // E_loc
@@ -102,8 +159,10 @@ def _bench_llep(buf, rank, R, T, dev, iters):
     rows = sum(int((dst == r).sum()) for r in range(R) if r != rank)
     d_bytes = msgs * (H + H // 128 * 4 + 80)
     c_bytes = rows * H * 2
-    return {'dispatch_us': d, 'combine_us': c, 'round_trip_us': d + c, 'dispatch_send_us': ds,
-            'dispatch_recv_us': dr, 'combine_send_us': cs, 'combine_recv_us': cr,
+    return {'dispatch_us': kd, 'combine_us': kc, 'dispatch_send_us': kds, 'dispatch_recv_us': kdr,
+            'combine_send_us': kcs, 'combine_recv_us': kcr, 'ev_dispatch_us': d, 'ev_combine_us': c,
+            'ev_round_trip_us': d + c, 'ev_hook_dispatch_send_us': ds, 'ev_hook_dispatch_recv_us': dr,
+            'ev_hook_combine_send_us': cs, 'ev_hook_combine_recv_us': cr,
             'dispatch_remote_bytes': d_bytes, 'combine_remote_bytes': c_bytes}
 
 
@@ -141,10 +200,16 @@ def _bench_deepep(group, rank, R, T, dev, iters):
         buf.low_latency_combine(y, topk, w, hd)
         ev[2].record()
 
+    def plain():
+        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        buf.low_latency_combine(y, topk, w, hd)
+
     for _ in range(20):
-        rt([torch.cuda.Event(enable_timing=True) for _ in range(3)])
-    d, c = _time(rt, iters, 3)
-    return {'dispatch_us': d, 'combine_us': c, 'round_trip_us': d + c}
+        plain()
+    k = _kernel_times(plain, iters)
+    d, c = _time_gpu_bound(rt, iters, 3)
+    return {'dispatch_us': statistics.median(k['dispatch']), 'combine_us': statistics.median(k['combine']),
+            'ev_round_trip_us': d + c}
 
 
 def _max_over_ranks(v):
@@ -153,7 +218,7 @@ def _max_over_ranks(v):
     return t.item()
 
 
-def _worker(rank, R, port, Ts, iters, json_path):
+def _worker(rank, R, port, Ts, iters, json_path, num_ctas):
     # A stuck rank prints every thread's stack and exits instead of holding the GPUs until an outer timeout.
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '240')), exit=True)
     torch.cuda.set_device(rank)
@@ -166,8 +231,12 @@ def _worker(rank, R, port, Ts, iters, json_path):
         if rank == 0:
             print(f'[{time.strftime("%H:%M:%S")}] {msg}', flush=True)
 
+    _ALIGN['nccl'] = dist.new_group(backend='nccl')
+    _ALIGN['one'] = torch.ones(1, device=dev)
+    dist.all_reduce(_ALIGN['one'], group=_ALIGN['nccl'])
     buf = llep.Buffer(group, low_latency_mode=True, explicitly_destroy=True)
     buf.backend = 'cuda'
+    buf._num_ctas = num_ctas  # 0 = one CTA per SM
     rows = []
     for T in Ts:
         buf.clean_low_latency_buffer(T, H, E)
@@ -180,7 +249,7 @@ def _worker(rank, R, port, Ts, iters, json_path):
         rows.append(r)
     buf.destroy()
     say('llep done; NCCL all_to_all_single baseline next')
-    nccl = dist.new_group(backend='nccl')
+    nccl = _ALIGN['nccl']
     for r in rows:
         a = _bench_a2a(nccl, R, int(r['dispatch_remote_bytes']) * R // max(R - 1, 1), dev, iters)
         b = _bench_a2a(nccl, R, int(r['combine_remote_bytes']) * R // max(R - 1, 1), dev, iters)
@@ -196,16 +265,20 @@ def _worker(rank, R, port, Ts, iters, json_path):
               f'(DeepEP V1 hint {llep._llep.deepep_v1_size_hint(rows[0]["T"], H, E) / 2**30:.2f} GiB); '
               f'{rows[0]["num_ctas"]} of {sms} SMs per launch; DeepEP: '
               f'{"measured" if "deepep_dispatch_us" in rows[0] else "not importable"}')
-        hdr = (f'{"T":>4} {"dispatch":>9} {"combine":>9} {"round":>8} {"d.send":>7} {"d.recv":>7} {"c.send":>7} '
-               f'{"c.recv":>7} {"a2a(d)":>7} {"a2a(c)":>7} {"DeepEP d/c":>12}')
+        print('kernel = kineto kernel time (DeepEP-comparable); events = CUDA-event gaps with the host queued ahead; '
+              'hook columns: send/recv launches')
+        hdr = (f'{"T":>4} | {"dispatch":>8} {"combine":>8} {"sum":>7} | {"d.send":>6} {"d.recv":>6} {"c.send":>6} '
+               f'{"c.recv":>6} | {"ev.disp":>7} {"ev.comb":>7} {"ev.rt":>7} | {"a2a(d)":>6} {"a2a(c)":>6} | '
+               f'{"DeepEP d/c":>11}')
         print(hdr)
         for r in rows:
             dd = (f'{r["deepep_dispatch_us"]:.1f}/{r["deepep_combine_us"]:.1f}' if 'deepep_dispatch_us' in r
                   else '-')
-            print(f'{r["T"]:>4} {r["dispatch_us"]:>9.1f} {r["combine_us"]:>9.1f} {r["round_trip_us"]:>8.1f} '
-                  f'{r["dispatch_send_us"]:>7.1f} {r["dispatch_recv_us"]:>7.1f} {r["combine_send_us"]:>7.1f} '
-                  f'{r["combine_recv_us"]:>7.1f} {r["a2a_dispatch_bytes_us"]:>7.1f} {r["a2a_combine_bytes_us"]:>7.1f} '
-                  f'{dd:>12}', flush=True)
+            print(f'{r["T"]:>4} | {r["dispatch_us"]:>8.1f} {r["combine_us"]:>8.1f} '
+                  f'{r["dispatch_us"] + r["combine_us"]:>7.1f} | {r["dispatch_send_us"]:>6.1f} '
+                  f'{r["dispatch_recv_us"]:>6.1f} {r["combine_send_us"]:>6.1f} {r["combine_recv_us"]:>6.1f} | '
+                  f'{r["ev_dispatch_us"]:>7.1f} {r["ev_combine_us"]:>7.1f} {r["ev_round_trip_us"]:>7.1f} | '
+                  f'{r["a2a_dispatch_bytes_us"]:>6.1f} {r["a2a_combine_bytes_us"]:>6.1f} | {dd:>11}', flush=True)
         if json_path:
             with open(json_path, 'w') as f:
                 json.dump({'ranks': R, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H, 'experts': E,
@@ -219,6 +292,7 @@ def main():
     ap.add_argument('--tokens', type=int, nargs='*', default=[1, 32, 64, 128, 256])
     ap.add_argument('--iters', type=int, default=200)
     ap.add_argument('--json', default='')
+    ap.add_argument('--num-ctas', type=int, default=int(os.environ.get('LLEP_NUM_CTAS', '0')))
     args = ap.parse_args()
     if not torch.cuda.is_available() or not getattr(llep._llep, 'HAVE_CUDA', False):
         print('ll_gpu_bench: no CUDA device (or llep built without CUDA)')
@@ -227,7 +301,7 @@ def main():
     if R < 2:
         print(f'll_gpu_bench: needs at least 2 GPUs, found {torch.cuda.device_count()}')
         return 1
-    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json), nprocs=R, join=True)
+    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json, args.num_ctas), nprocs=R, join=True)
     return 0
 
 

@@ -74,6 +74,13 @@ absl::Status GpuBuffer::Init() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
   // Every CTA of a launch must be resident (ll_kernels.h): never more CTAs than SMs.
   num_ctas_ = options_.num_ctas == 0 ? sms : std::min(options_.num_ctas, sms);
+  // ...and enough CTAs that none signals more than kMaxDestinationsPerCta ranks.
+  const int min_ctas = (R + kernels::cuda::kMaxDestinationsPerCta - 1) / kernels::cuda::kMaxDestinationsPerCta;
+  if (min_ctas > sms) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(R, " ranks need ", min_ctas, " CTAs per launch; device ", device_, " has ", sms, " SMs"));
+  }
+  num_ctas_ = std::max(num_ctas_, min_ctas);
   const int64_t smem = std::max(kernels::cuda::DispatchSharedBytes(shape), kernels::cuda::CombineSharedBytes(shape));
   if (smem > smem_optin) {
     return absl::InvalidArgumentError(absl::StrCat("num_experts=", shape.num_experts, " with num_ranks=", R, " needs ",

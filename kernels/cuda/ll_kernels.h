@@ -91,10 +91,12 @@ struct CombineParams {
 };
 
 /// Launch geometry. Every CTA of a launch must be resident at once (the receive phase of a kPhaseBoth launch
-/// waits on signals other CTAs produce), so num_ctas must not exceed the SM count.
+/// waits on signals other CTAs produce), so num_ctas must not exceed the SM count; and a CTA signals at most
+/// kMaxDestinationsPerCta destinations, so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
 struct LaunchConfig {
   int num_ctas = 0;
 };
+inline constexpr int kMaxDestinationsPerCta = 64;
 
 /// Dynamic shared memory a launch needs for this shape; the host checks it against the device limit once.
 int64_t DispatchSharedBytes(const protocol::LlShape& shape);
