@@ -155,6 +155,16 @@ struct TokenPlan {
   int slot[kK];  ///< message slot of this token on the slot's destination rank
 };
 
+/// True when slot k is the token's first selection on its rank: the slot that owns the (token, rank) message.
+__device__ __forceinline__ bool OpensMessage(const TokenPlan& pl, int k, int E_loc) {
+  if (pl.id[k] < 0) return false;
+  const int d = pl.id[k] / E_loc;
+  for (int j = 0; j < k; ++j) {
+    if (pl.id[j] >= 0 && pl.id[j] / E_loc == d) return false;
+  }
+  return true;
+}
+
 /// One warp computes the plan of token t (route_plan.h definitions) by scanning tokens t' < t, 32 at a time.
 template <int kMaxK>
 __device__ void PlanToken(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op, uint32_t seq,
@@ -361,12 +371,8 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
         float scale_inv = 0.0f;
         if (fp8) code = EncodeFp8x16(a, b, p.mode.round_scale, &scale_inv);
         for (int k = 0; k < K; ++k) {
-          const int g = pl.id[k];
-          if (g < 0) continue;
-          const int d = g / E_loc;
-          bool first = true;
-          for (int j = 0; j < k; ++j) first &= !(pl.id[j] >= 0 && pl.id[j] / E_loc == d);
-          if (!first) continue;
+          if (!OpensMessage(pl, k, E_loc)) continue;
+          const int d = pl.id[k] / E_loc;
           uint8_t* dstp = c.peers[d] + L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8);
           if (!active) continue;
           if (fp8) {
@@ -380,12 +386,8 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
       } else {
         // Header per destination: lane i writes bytes [16i, 16i + 16) of the 80-byte header.
         for (int k = 0; k < K; ++k) {
-          const int g = pl.id[k];
-          if (g < 0) continue;
-          const int d = g / E_loc;
-          bool first = true;
-          for (int j = 0; j < k; ++j) first &= !(pl.id[j] >= 0 && pl.id[j] / E_loc == d);
-          if (!first || lane >= 5) continue;
+          if (!OpensMessage(pl, k, E_loc) || lane >= 5) continue;
+          const int d = pl.id[k] / E_loc;
           uint32_t words[4];
           int num_sel = 0;
           uint32_t sel[kK];
@@ -414,12 +416,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
       FenceSys();
       const TokenPlan& pl = sh->plan[tid];
       for (int k = 0; k < K; ++k) {
-        const int g = pl.id[k];
-        if (g < 0) continue;
-        const int d = g / E_loc;
-        bool first = true;
-        for (int j = 0; j < k; ++j) first &= !(pl.id[j] >= 0 && pl.id[j] / E_loc == d);
-        if (first) CountDone(c, LlOp::kDispatch, half, d);
+        if (OpensMessage(pl, k, E_loc)) CountDone(c, LlOp::kDispatch, half, pl.id[k] / E_loc);
       }
     }
     __syncthreads();

@@ -11,6 +11,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/cpu_buffer.h"
+#include "server_hooks/bindings/py_bootstrap.h"
 #include "server_hooks/bindings/status_to_python.h"
 
 namespace llep::bindings {
@@ -28,18 +29,7 @@ class PyCpuBuffer {
   PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
               double timeout_s, int proxy_threads) {
     // The callback runs on this thread, which holds the GIL: Create() is called without releasing it.
-    bootstrap_ = MakeCallbackBootstrap(
-        rank, R, [allgather](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> {
-          py::gil_scoped_acquire gil;
-          try {
-            py::list out = allgather(py::bytes(blob));
-            std::vector<std::string> all;
-            for (py::handle h : out) all.push_back(h.cast<std::string>());
-            return all;
-          } catch (const std::exception& e) {
-            return absl::UnavailableError(std::string("allgather callback raised: ") + e.what());
-          }
-        });
+    bootstrap_ = MakePythonBootstrap(rank, R, allgather);
     CpuBufferOptions opt;
     opt.provider = provider;
     opt.timeout = absl::Seconds(timeout_s);

@@ -11,6 +11,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/gpu_buffer.h"
+#include "server_hooks/bindings/py_bootstrap.h"
 #include "server_hooks/bindings/status_to_python.h"
 
 namespace llep::bindings {
@@ -27,18 +28,7 @@ class PyGpuBuffer {
  public:
   PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s,
               int num_ctas) {
-    bootstrap_ = MakeCallbackBootstrap(
-        rank, R, [allgather](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> {
-          py::gil_scoped_acquire gil;
-          try {
-            py::list out = allgather(py::bytes(blob));
-            std::vector<std::string> all;
-            for (py::handle h : out) all.push_back(h.cast<std::string>());
-            return all;
-          } catch (const std::exception& e) {
-            return absl::UnavailableError(std::string("allgather callback raised: ") + e.what());
-          }
-        });
+    bootstrap_ = MakePythonBootstrap(rank, R, allgather);
     GpuBufferOptions opt;
     opt.device = device;
     opt.timeout = absl::Seconds(timeout_s);
