@@ -120,24 +120,16 @@ proxy::ProxyStats CpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats
 
 uint16_t* CpuBuffer::NextCombineBuffer() const {
   absl::MutexLock lock(&mu_);
-  const uint32_t next = protocol::NextCallSeq(seq_);
-  return reinterpret_cast<uint16_t*>(region_.data() + layout_.CombineSendOffset(protocol::HalfOfSeq(next), 0, 0));
+  return reinterpret_cast<uint16_t*>(region_.data() +
+                                     layout_.CombineSendOffset(protocol::HalfOfSeq(calls_.next()), 0, 0));
 }
 
 absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
   if (closed_) return absl::FailedPreconditionError("buffer is closed");
   if (proxy_ != nullptr && proxy_->failed()) return base::Annotate(proxy_->status(), "proxy failed earlier");
-  const uint32_t next = protocol::NextCallSeq(seq_);
-  for (uint32_t s : unreceived_) {
-    if (protocol::HalfOfSeq(s) == protocol::HalfOfSeq(next)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("at most two low-latency operations may be in flight: ", OpName(op), " call ", next,
-                       " would reuse the buffer half of call ", s, ", whose receive (hook) has not run"));
-    }
-  }
-  seq_ = next;
-  unreceived_.push_back(next);
-  return next;
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin(OpName(op)));
+  calls_.AwaitReceive(seq);
+  return seq;
 }
 
 absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
@@ -190,7 +182,7 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
 absl::Status CpuBuffer::Receive(PendingOp op) {
   {
     absl::MutexLock lock(&mu_);
-    if (op.seq_ == 0 || std::find(unreceived_.begin(), unreceived_.end(), op.seq_) == unreceived_.end()) {
+    if (!calls_.AwaitingReceive(op.seq_)) {
       return absl::FailedPreconditionError("operation already received or not sent on this buffer");
     }
   }
@@ -199,7 +191,7 @@ absl::Status CpuBuffer::Receive(PendingOp op) {
   // same missing peer again.
   const absl::Status s = op.op_ == LlOp::kDispatch ? ReceiveDispatch(op) : ReceiveCombine(op);
   absl::MutexLock lock(&mu_);
-  unreceived_.erase(std::find(unreceived_.begin(), unreceived_.end(), op.seq_));
+  calls_.Received(op.seq_);
   return s;
 }
 

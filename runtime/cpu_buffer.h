@@ -25,6 +25,7 @@
 #include "kernels/host/route_plan.h"
 #include "proxy/proxy.h"
 #include "runtime/bootstrap.h"
+#include "runtime/call_sequence.h"
 #include "runtime/host_region.h"
 #include "runtime/ll_calls.h"
 #include "runtime/protocol/ll_layout.h"
@@ -108,8 +109,7 @@ class CpuBuffer {
   std::vector<kernels::HostPeer> peers_;
   std::string transport_name_;
   mutable absl::Mutex mu_;
-  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;                  // last sequence number handed out
-  std::vector<uint32_t> unreceived_ ABSL_GUARDED_BY(mu_);  // sequence numbers sent but not yet received
+  CallSequence calls_ ABSL_GUARDED_BY(mu_);                // sequence numbers and the in-flight rule
   kernels::RoutePlan dispatch_plan_ ABSL_GUARDED_BY(mu_);  // reused across dispatches (send phase only)
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

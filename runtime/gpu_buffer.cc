@@ -35,6 +35,8 @@ struct RegionBlob {
   int32_t pid;
   char host[64];
   cudaIpcMemHandle_t handle;
+  uint32_t ok;  // 0: this rank could not set its region up; error says why
+  char error[256];
 };
 constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 
@@ -63,6 +65,13 @@ absl::StatusOr<std::unique_ptr<GpuBuffer>> GpuBuffer::Create(const protocol::LlS
 }
 
 absl::Status GpuBuffer::Init() {
+  // Every rank takes part in the exchange even when its own setup failed, so a failure on one rank (e.g. out of
+  // device memory) becomes an error naming it on every rank instead of peers waiting in a collective.
+  const absl::Status local = InitLocal();
+  return Exchange(local);
+}
+
+absl::Status GpuBuffer::InitLocal() {
   const protocol::LlShape& shape = layout_.shape;
   const int R = shape.num_ranks;
   if (options_.device >= 0) {
@@ -103,17 +112,37 @@ absl::Status GpuBuffer::Init() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
   d_error_ = static_cast<GpuErrorInfo*>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
 
+absl::Status GpuBuffer::Exchange(const absl::Status& local) {
+  const int R = layout_.shape.num_ranks;
+  void* p = nullptr;
   RegionBlob mine{};
+  mine.ok = local.ok() ? 1 : 0;
+  std::strncpy(mine.error, std::string(local.message()).c_str(), sizeof(mine.error) - 1);
   mine.magic = kRegionBlobMagic;
   mine.layout_version = protocol::kLlLayoutVersion;
   mine.total_bytes = layout_.total_bytes;
   mine.device = device_;
   mine.pid = static_cast<int32_t>(getpid());
   gethostname(mine.host, sizeof(mine.host) - 1);
-  LLEP_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&mine.handle, region_));
+  absl::Status own = local;
+  if (own.ok()) {
+    own = CudaStatus(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle");
+    mine.ok = own.ok() ? 1 : 0;
+    std::strncpy(mine.error, std::string(own.message()).c_str(), sizeof(mine.error) - 1);
+  }
   LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all,
                         bootstrap_.AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
+  if (!own.ok()) return own;
+  for (int r = 0; r < R; ++r) {
+    RegionBlob peer{};
+    if (all[r].size() == sizeof(RegionBlob)) std::memcpy(&peer, all[r].data(), sizeof(peer));
+    if (peer.magic == kRegionBlobMagic && !peer.ok) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", r, " could not create its GPU buffer: ", peer.error));
+    }
+  }
   peer_bases_.assign(R, nullptr);
   peer_bases_[rank_] = region_;
   for (int r = 0; r < R; ++r) {
@@ -239,19 +268,6 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
   return s;
 }
 
-absl::StatusOr<uint32_t> GpuBuffer::BeginSend(LlOp op) {
-  const uint32_t next = protocol::NextCallSeq(seq_);
-  for (uint32_t s : unreceived_) {
-    if (protocol::HalfOfSeq(s) == protocol::HalfOfSeq(next)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("at most two low-latency operations may be in flight: ", OpName(op), " call ", next,
-                       " would reuse the buffer half of call ", s, ", whose receive (hook) has not run"));
-    }
-  }
-  seq_ = next;
-  return next;
-}
-
 absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
   const protocol::LlShape& shape = layout_.shape;
   LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
@@ -266,7 +282,7 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool 
   }
   absl::MutexLock lock(&mu_);
   LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
-  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin("dispatch"));
   GpuPendingOp op;
   op.seq = seq;
   op.op = LlOp::kDispatch;
@@ -288,7 +304,7 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool 
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(
       p, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, {num_ctas_}, stream));
-  if (split) unreceived_.push_back(seq);
+  if (split) calls_.AwaitReceive(seq);
   return op;
 }
 
@@ -302,7 +318,7 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
   }
   absl::MutexLock lock(&mu_);
   LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
-  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kCombine));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin("combine"));
   GpuPendingOp op;
   op.seq = seq;
   op.op = LlOp::kCombine;
@@ -320,17 +336,15 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(
       p, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, {num_ctas_}, stream));
-  if (split) unreceived_.push_back(seq);
+  if (split) calls_.AwaitReceive(seq);
   return op;
 }
 
 absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
-  auto it = std::find(unreceived_.begin(), unreceived_.end(), op.seq);
-  if (op.seq == 0 || it == unreceived_.end()) {
+  if (!calls_.Received(op.seq)) {
     return absl::FailedPreconditionError("operation already received or not sent on this buffer");
   }
-  unreceived_.erase(it);
   LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (op.op == LlOp::kDispatch) {
@@ -344,8 +358,7 @@ absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
 
 uint16_t* GpuBuffer::NextCombineBuffer() const {
   absl::MutexLock lock(&mu_);
-  const uint32_t next = protocol::NextCallSeq(seq_);
-  return reinterpret_cast<uint16_t*>(region_ + layout_.CombineSendOffset(protocol::HalfOfSeq(next), 0, 0));
+  return reinterpret_cast<uint16_t*>(region_ + layout_.CombineSendOffset(protocol::HalfOfSeq(calls_.next()), 0, 0));
 }
 
 absl::Status GpuBuffer::Close() {

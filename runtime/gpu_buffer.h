@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "kernels/cuda/ll_kernels.h"
 #include "runtime/bootstrap.h"
+#include "runtime/call_sequence.h"
 #include "runtime/ll_calls.h"
 #include "runtime/protocol/ll_layout.h"
 
@@ -80,7 +81,8 @@ class GpuBuffer {
  private:
   GpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const GpuBufferOptions& options);
   absl::Status Init();
-  absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InitLocal();                          // device, limits, allocations
+  absl::Status Exchange(const absl::Status& local);  // IPC handles (collective), peer mapping
   absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   kernels::cuda::LlDeviceContext Context() const;
   void Release();
@@ -98,8 +100,7 @@ class GpuBuffer {
   kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
   kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias
   mutable absl::Mutex mu_;
-  uint32_t seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<uint32_t> unreceived_ ABSL_GUARDED_BY(mu_);
+  CallSequence calls_ ABSL_GUARDED_BY(mu_);  // sequence numbers and the in-flight rule
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // sticky error after a timeout / overrun
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

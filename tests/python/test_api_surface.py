@@ -98,3 +98,11 @@ def test_normal_mode_and_shrink_are_clear_errors():
         buf.dispatch(None)
     with pytest.raises(NotImplementedError, match='enable_shrink'):
         buf.low_latency_update_mask_buffer(1, True)
+
+
+@pytest.mark.skipif(not getattr(llep._llep, 'HAVE_CUDA', False) or torch.cuda.is_available(),
+                    reason='needs a CUDA build on a machine without a usable GPU')
+def test_gpu_backend_without_gpu_is_a_clear_error():
+    # The GPU runtime must fail with a typed error naming the CUDA call, not crash or hang (CI has no GPU).
+    with pytest.raises(llep.LlepError, match='cuda'):
+        llep._llep.GpuBuffer(8, 2048, 16, 1, 0, lambda blob: [blob], 0, 5.0, 0)
