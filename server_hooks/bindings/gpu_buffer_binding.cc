@@ -11,6 +11,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/gpu_buffer.h"
+#include "server_hooks/bindings/call_from_addresses.h"
 #include "server_hooks/bindings/py_bootstrap.h"
 #include "server_hooks/bindings/status_to_python.h"
 
@@ -18,10 +19,6 @@ namespace llep::bindings {
 namespace py = pybind11;
 namespace {
 
-template <typename T>
-T* Ptr(uintptr_t addr) {
-  return reinterpret_cast<T*>(addr);
-}
 cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 class PyGpuBuffer {
@@ -43,19 +40,9 @@ class PyGpuBuffer {
                                          uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
                                          uintptr_t cumulative_stats, uintptr_t wait_stats, bool split,
                                          uintptr_t stream) {
-    DispatchCall c;
-    c.x = Ptr<const uint16_t>(x);
-    c.topk_idx = Ptr<const int64_t>(topk);
-    c.num_tokens = num_tokens;
-    c.num_topk = num_topk;
-    c.mode = {use_fp8, round_scale, use_ue8m0};
-    c.recv_x = Ptr<void>(recv_x);
-    c.recv_scales = Ptr<void>(recv_scales);
-    c.recv_count = Ptr<int32_t>(recv_count);
-    c.src_info = Ptr<int32_t>(src_info);
-    c.layout_range = Ptr<int64_t>(layout_range);
-    c.cumulative_local_expert_recv_stats = Ptr<int32_t>(cumulative_stats);
-    c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+    const DispatchCall c =
+        DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
+                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats);
     auto op = Live()->Dispatch(c, split, Stream(stream));
     ThrowIfError(op.status());
     return std::make_shared<GpuPendingOp>(*op);
@@ -64,16 +51,8 @@ class PyGpuBuffer {
   std::shared_ptr<GpuPendingOp> Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
                                         int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats,
                                         bool split, uintptr_t stream) {
-    CombineCall c;
-    c.x = Ptr<const uint16_t>(x);
-    c.zero_copy = zero_copy;
-    c.topk_idx = Ptr<const int64_t>(topk);
-    c.topk_weights = Ptr<const float>(weights);
-    c.num_tokens = num_tokens;
-    c.num_topk = num_topk;
-    c.layout_range = Ptr<const int64_t>(layout_range);
-    c.out = Ptr<uint16_t>(out);
-    c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+    const CombineCall c =
+        CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats);
     auto op = Live()->Combine(c, split, Stream(stream));
     ThrowIfError(op.status());
     return std::make_shared<GpuPendingOp>(*op);

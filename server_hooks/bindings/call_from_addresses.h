@@ -1,0 +1,53 @@
+// DispatchCall / CombineCall from the integer addresses llep/buffer.py passes (tensors never cross as torch
+// objects). Layer: server_hooks/bindings. One definition for the CPU and the GPU buffer bindings, whose Python
+// argument lists are the same up to the trailing GPU-only arguments.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/ll_calls.h"
+
+namespace llep::bindings {
+
+template <typename T>
+T* Ptr(uintptr_t addr) {
+  return reinterpret_cast<T*>(addr);
+}
+
+inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
+                                              bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+                                              uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
+                                              uintptr_t cumulative_stats, uintptr_t wait_stats) {
+  DispatchCall c;
+  c.x = Ptr<const uint16_t>(x);
+  c.topk_idx = Ptr<const int64_t>(topk);
+  c.num_tokens = num_tokens;
+  c.num_topk = num_topk;
+  c.mode = {use_fp8, round_scale, use_ue8m0};
+  c.recv_x = Ptr<void>(recv_x);
+  c.recv_scales = Ptr<void>(recv_scales);
+  c.recv_count = Ptr<int32_t>(recv_count);
+  c.src_info = Ptr<int32_t>(src_info);
+  c.layout_range = Ptr<int64_t>(layout_range);
+  c.cumulative_local_expert_recv_stats = Ptr<int32_t>(cumulative_stats);
+  c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+  return c;
+}
+
+inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights,
+                                            int num_tokens, int num_topk, uintptr_t layout_range, uintptr_t out,
+                                            uintptr_t wait_stats) {
+  CombineCall c;
+  c.x = Ptr<const uint16_t>(x);
+  c.zero_copy = zero_copy;
+  c.topk_idx = Ptr<const int64_t>(topk);
+  c.topk_weights = Ptr<const float>(weights);
+  c.num_tokens = num_tokens;
+  c.num_topk = num_topk;
+  c.layout_range = Ptr<const int64_t>(layout_range);
+  c.out = Ptr<uint16_t>(out);
+  c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
+  return c;
+}
+
+}  // namespace llep::bindings
