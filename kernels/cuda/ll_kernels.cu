@@ -5,9 +5,10 @@
 //                  (its top-k ids, row in each (expert, source) block and message slot per destination, by a
 //                  scan of earlier tokens: the deterministic plan of kernels/host/route_plan.h), then all warps
 //                  encode 512-channel chunks once and store them to every destination of the token. After the
-//                  round a fence and one counter increment per (token, destination). CTA d (d < R, strided)
-//                  finally counts the tokens per local expert for destination d, writes that route-block
-//                  prefix, waits for the counter to reach messages + 1 and publishes the signal word.
+//                  round a fence and one counter increment per (token, destination). Before its tokens, CTA
+//                  G-1-d (strided, so the CTAs without tokens when T < G) counts the tokens per local expert
+//                  for destination d and writes that route-block prefix (+1 on the counter); after them it
+//                  waits for the counter to reach messages + 1 and publishes the signal word.
 //  dispatch recv   every CTA waits for all R signals, reads the route-block counts and computes the packed
 //                  layout (blocks in source order); warps take messages (one per warp) and fan each payload out
 //                  to its rows. CTA 0 writes recv_count, layout_range and the statistics.
