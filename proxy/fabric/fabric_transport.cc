@@ -25,19 +25,10 @@ constexpr int kPostedRecvs = 256;
 
 absl::Status FiError(int rc, absl::string_view call) {
   const std::string msg = absl::StrCat(call, " failed: ", fi_strerror(-rc), " (", rc, ")");
-  switch (-rc) {
-    case FI_ENODATA:
-    case FI_ENOSYS:
-      return absl::UnavailableError(msg);
-    case FI_ENOMEM:
-      return absl::ResourceExhaustedError(msg);
-    case FI_EINVAL:
-      return absl::InvalidArgumentError(msg);
-    case FI_ETIMEDOUT:
-      return absl::DeadlineExceededError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
+  // No matching provider / capability on this fabric: unavailable here, not an internal error.
+  if (-rc == FI_ENODATA || -rc == FI_ENOSYS) return absl::UnavailableError(msg);
+  // Other FI_E* codes are errno values (rdma/fi_errno.h), so errno's mapping applies.
+  return absl::Status(base::ErrnoCode(-rc), msg);
 }
 
 #define LLEP_FI_RETURN_IF_ERROR(expr)                         \

@@ -2,25 +2,28 @@
 
 namespace llep::base {
 
-absl::Status ErrnoToStatus(int err, absl::string_view call) {
-  std::string msg = absl::StrCat(call, " failed: ", std::strerror(err), " (errno ", err, ")");
+absl::StatusCode ErrnoCode(int err) {
   switch (err) {
     case ETIMEDOUT:
-      return absl::DeadlineExceededError(msg);
+      return absl::StatusCode::kDeadlineExceeded;
     case ECONNREFUSED:
     case ECONNRESET:
     case EPIPE:
     case EHOSTUNREACH:
     case ENETUNREACH:
-      return absl::UnavailableError(msg);
+      return absl::StatusCode::kUnavailable;
     case ENOMEM:
     case ENOSPC:
-      return absl::ResourceExhaustedError(msg);
+      return absl::StatusCode::kResourceExhausted;
     case EINVAL:
-      return absl::InvalidArgumentError(msg);
+      return absl::StatusCode::kInvalidArgument;
     default:
-      return absl::InternalError(msg);
+      return absl::StatusCode::kInternal;
   }
+}
+
+absl::Status ErrnoToStatus(int err, absl::string_view call) {
+  return absl::Status(ErrnoCode(err), absl::StrCat(call, " failed: ", std::strerror(err), " (errno ", err, ")"));
 }
 
 }  // namespace llep::base

@@ -19,6 +19,8 @@ inline absl::Status Annotate(const absl::Status& s, absl::string_view context) {
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
+/// The Status code of an errno value (ETIMEDOUT -> DeadlineExceeded, connection errors -> Unavailable, ...).
+absl::StatusCode ErrnoCode(int err);
 /// Maps a negative errno-style return (`rc < 0`, value -errno) to a Status naming the failed call.
 absl::Status ErrnoToStatus(int err, absl::string_view call);
 
