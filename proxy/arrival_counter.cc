@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/protocol/signal.h"
+#include "runtime/protocol/sys_order.h"
 
 namespace llep::proxy {
 
@@ -29,8 +30,8 @@ void ArrivalCounter::MaybePublish(Key& key, LlOp op, int half, int src) {
   if (!key.signal_seen || key.arrived != key.announced) return;
   // Pairs with the acquire load in the receive phase (runtime/cpu_buffer.cc WaitForSignals): all data whose
   // completions we counted is visible before the word is.
-  __atomic_store_n(reinterpret_cast<uint64_t*>(region_ + layout_.SignalOffset(half, op, src)), key.signal_word,
-                   __ATOMIC_RELEASE);
+  protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(region_ + layout_.SignalOffset(half, op, src)),
+                            key.signal_word);
   key = Key{};
 }
 

@@ -24,7 +24,7 @@ class FifoConsumer {
       ++n;
       ++tail_;
     }
-    // Pairs with FifoLoadAcquire(tail) in FifoPush(): our reads of the slots happen before producers reuse them.
+    // Pairs with the acquire load of tail in FifoPush(): our reads of the slots happen before producers reuse them.
     if (n > 0) __atomic_store_n(ring_.tail, tail_, __ATOMIC_RELEASE);
     return n;
   }

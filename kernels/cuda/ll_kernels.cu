@@ -25,6 +25,7 @@
 #include "kernels/cuda/ll_kernels.h"
 #include "runtime/protocol/dispatch_msg.h"
 #include "runtime/protocol/signal.h"
+#include "runtime/protocol/sys_order.h"
 
 namespace llep::kernels::cuda {
 namespace {
@@ -39,14 +40,7 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // ------------------------------------------------------------------------------------------ memory model
 
-__device__ __forceinline__ uint64_t LdAcquireSys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void StReleaseSys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+// Signal words: protocol::LoadAcquireSys / StoreReleaseSys (runtime/protocol/sys_order.h).
 __device__ __forceinline__ uint32_t LdAcquireGpu(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -87,7 +81,7 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
                               int64_t* waited) {
   const uint64_t t0 = NowNs();
   for (uint32_t spin = 0;; ++spin) {
-    const uint64_t w = LdAcquireSys(p);
+    const uint64_t w = protocol::LoadAcquireSys(p);
     const uint32_t s = protocol::SignalSeq(w);
     if (s == seq) {
       *waited = static_cast<int64_t>(NowNs() - t0);
@@ -107,6 +101,26 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
   }
 }
 
+/// The receive phases' wait: the CTA's threads wait for every source's signal of call `seq`, store each value
+/// (0 on failure) in values[src], set *failed on a timeout, overrun or a value above max_value (recorded), and
+/// CTA 0 adds the waiting time to wait_stats[src] (ns). The caller synchronises the CTA before reading values.
+__device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
+                               int64_t* wait_stats, int* values, int* failed) {
+  for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
+    int64_t waited = 0;
+    const int64_t v =
+        WaitSignal(c, reinterpret_cast<const uint64_t*>(c.peers[c.rank] + c.layout.SignalOffset(half, op, src)), op,
+                   src, seq, &waited);
+    if (v > max_value) RecordError(c, kGpuBadMessage, op, src, seq, v);
+    const bool ok = v >= 0 && v <= max_value;
+    if (!ok) *failed = 1;
+    values[src] = ok ? static_cast<int>(v) : 0;
+    if (blockIdx.x == 0 && wait_stats != nullptr) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&wait_stats[src]), static_cast<unsigned long long>(waited));
+    }
+  }
+}
+
 /// Waits until every message of this launch to `dst` is stored, then publishes the signal word there.
 __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int dst, uint32_t expected, uint32_t seq,
                                 uint32_t value) {
@@ -119,8 +133,8 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
     }
   }
   *done = 0;  // stream order makes the next launch of this (half, op) see zero
-  StReleaseSys(reinterpret_cast<uint64_t*>(c.peers[dst] + c.layout.SignalOffset(half, op, c.rank)),
-               protocol::PackSignal(seq, value));
+  protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(c.peers[dst] + c.layout.SignalOffset(half, op, c.rank)),
+                            protocol::PackSignal(seq, value));
 }
 
 __device__ __forceinline__ void CountDone(const LlDeviceContext& c, LlOp op, int half, int dst) {
@@ -452,19 +466,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
 
   if (tid == 0) *failed = 0;
   __syncthreads();
-  for (int src = tid; src < R; src += kThreads) {
-    int64_t waited = 0;
-    const int64_t v =
-        WaitSignal(c, reinterpret_cast<const uint64_t*>(c.peers[c.rank] + L.SignalOffset(half, LlOp::kDispatch, src)),
-                   LlOp::kDispatch, src, p.seq, &waited);
-    if (v < 0 || v > T) {
-      if (v > T) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, p.seq, v);
-      *failed = 1;
-    }
-    msg_start[src] = v < 0 ? 0 : static_cast<int>(v);
-    if (blockIdx.x == 0 && p.wait_stats != nullptr)
-      atomicAdd(reinterpret_cast<unsigned long long*>(&p.wait_stats[src]), static_cast<unsigned long long>(waited));
-  }
+  WaitAllSources(c, LlOp::kDispatch, half, p.seq, T, p.wait_stats, msg_start, failed);  // messages per source
   __syncthreads();
   if (*failed) return;
   for (int i = tid; i < E; i += kThreads) {
@@ -644,16 +646,7 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
   if (tid == 0) *failed = 0;
   for (int g = tid; g < E; g += kThreads) prefix[g] = 0;
   __syncthreads();
-  for (int src = tid; src < R; src += kThreads) {
-    int64_t waited = 0;
-    const int64_t v =
-        WaitSignal(c, reinterpret_cast<const uint64_t*>(c.peers[c.rank] + L.SignalOffset(half, LlOp::kCombine, src)),
-                   LlOp::kCombine, src, p.seq, &waited);
-    if (v < 0) *failed = 1;
-    got[src] = static_cast<int>(v);
-    if (blockIdx.x == 0 && p.wait_stats != nullptr)
-      atomicAdd(reinterpret_cast<unsigned long long*>(&p.wait_stats[src]), static_cast<unsigned long long>(waited));
-  }
+  WaitAllSources(c, LlOp::kCombine, half, p.seq, L.combine_rows_per_src, p.wait_stats, got, failed);  // rows
   for (int t = warp; t < p.num_tokens; t += kWarps) {
     const int g = WarpTokenExpert(c, p.topk_idx, t, K, LlOp::kCombine, p.seq);
     if (g >= 0) atomicAdd(&prefix[g], 1);

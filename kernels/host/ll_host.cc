@@ -13,6 +13,7 @@
 #include "kernels/codec/fp8.h"
 #include "runtime/protocol/dispatch_msg.h"
 #include "runtime/protocol/signal.h"
+#include "runtime/protocol/sys_order.h"
 
 namespace llep::kernels {
 namespace {
@@ -21,7 +22,7 @@ using protocol::LlOp;
 
 void StoreSignalRelease(uint8_t* base, int64_t offset, uint64_t word) {
   // Pairs with the acquire load in runtime/cpu_buffer.cc WaitForSignals(): data copied above is visible first.
-  __atomic_store_n(reinterpret_cast<uint64_t*>(base + offset), word, __ATOMIC_RELEASE);
+  protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(base + offset), word);
 }
 
 bool PushWrite(const HostPeer& peer, LlOp op, int half, int dst, int64_t local_off, int64_t remote_off, int64_t bytes) {

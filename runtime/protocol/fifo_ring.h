@@ -13,6 +13,7 @@
 
 #include "runtime/protocol/fifo_cmd.h"
 #include "runtime/protocol/hd.h"
+#include "runtime/protocol/sys_order.h"
 
 namespace llep::protocol {
 
@@ -34,14 +35,6 @@ LLEP_HD constexpr uint64_t ExpectedCommit(uint64_t idx, uint32_t size) {
 }
 
 #if defined(__CUDA_ARCH__)
-__device__ __forceinline__ uint64_t FifoLoadAcquire(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void FifoStoreRelease(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 __device__ __forceinline__ void FifoStoreRelaxed(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -53,8 +46,6 @@ __device__ __forceinline__ uint64_t FifoLoadRelaxed(const uint64_t* p) {
 }
 __device__ __forceinline__ void FifoBackoff() { __nanosleep(64); }
 #else
-inline uint64_t FifoLoadAcquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void FifoStoreRelease(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 inline void FifoStoreRelaxed(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 inline uint64_t FifoClaim(uint64_t* head) { return __atomic_fetch_add(head, 1, __ATOMIC_RELAXED); }
 inline uint64_t FifoLoadRelaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
@@ -71,7 +62,7 @@ LLEP_HD bool FifoPush(const FifoRingHandle& f, FifoCmd cmd) {
   const uint64_t idx = FifoClaim(f.head);
   uint64_t tail_lb = FifoLoadRelaxed(f.tail_cache);
   while (idx - tail_lb >= f.size) {
-    tail_lb = FifoLoadAcquire(f.tail);  // pairs with the consumer's release store of tail
+    tail_lb = LoadAcquireSys(f.tail);  // pairs with the consumer's release store of tail
     FifoStoreRelaxed(f.tail_cache, tail_lb);
     if (idx - tail_lb < f.size) break;
     if (*f.abort_flag != 0) return false;
@@ -79,7 +70,7 @@ LLEP_HD bool FifoPush(const FifoRingHandle& f, FifoCmd cmd) {
   }
   FifoCmd* slot = &f.ring[idx & (f.size - 1)];
   FifoStoreRelaxed(&slot->w0, cmd.w0);
-  FifoStoreRelease(&slot->w1, (cmd.w1 & ~kCmdCommitBit) | ExpectedCommit(idx, f.size));
+  StoreReleaseSys(&slot->w1, (cmd.w1 & ~kCmdCommitBit) | ExpectedCommit(idx, f.size));
   return true;
 }
 

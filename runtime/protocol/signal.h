@@ -2,8 +2,8 @@
 // Layer: runtime/protocol.
 //
 // Producer/consumer and memory order:
-//  - Same-host (or self) senders write data, then publish the signal word with a release store (st.release.sys
-//    on the GPU, __atomic_store_n(RELEASE) on the CPU). The receiver polls with an acquire load.
+//  - Same-host (or self) senders write data, then publish the signal word with StoreReleaseSys (sys_order.h);
+//    the receiver polls with LoadAcquireSys.
 //  - Remote senders never write the signal word. Their proxy writes an InboxSlot with remote CQ data; the
 //    receiving proxy publishes InboxSlot::signal_word into the signal word with a release store only after it
 //    counted InboxSlot::num_data_writes data completions (proxy/arrival_counter.h). Data landing is not a signal.
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "runtime/protocol/hd.h"
+#include "runtime/protocol/sys_order.h"
 
 namespace llep::protocol {
 
