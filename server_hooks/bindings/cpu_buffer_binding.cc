@@ -11,28 +11,23 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/cpu_buffer.h"
+#include "server_hooks/bindings/buffer_holder.h"
 #include "server_hooks/bindings/call_from_addresses.h"
-#include "server_hooks/bindings/py_bootstrap.h"
 #include "server_hooks/bindings/status_to_python.h"
 
 namespace llep::bindings {
 namespace py = pybind11;
 namespace {
 
-/// Owns the bootstrap (which must outlive the buffer) and the buffer.
-class PyCpuBuffer {
+class PyCpuBuffer : public BufferHolder<CpuBuffer> {
  public:
   PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
               double timeout_s, int proxy_threads) {
-    // The callback runs on this thread, which holds the GIL: Create() is called without releasing it.
-    bootstrap_ = MakePythonBootstrap(rank, R, allgather);
     CpuBufferOptions opt;
     opt.provider = provider;
     opt.timeout = absl::Seconds(timeout_s);
     opt.num_proxy_threads = proxy_threads;
-    auto buf = CpuBuffer::Create(protocol::LlShape{T, H, E, R}, *bootstrap_, opt);
-    ThrowIfError(buf.status());
-    buffer_ = *std::move(buf);
+    Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
   std::shared_ptr<PendingOp> DispatchSend(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
@@ -73,20 +68,7 @@ class PyCpuBuffer {
     return py::memoryview::from_memory(Live()->NextCombineBuffer(), bytes, /*readonly=*/false);
   }
 
-  int64_t combine_row_stride() { return Live()->combine_buffer_row_stride(); }
-  int64_t buffer_bytes() { return Live()->layout().total_bytes; }
   std::string transport() { return Live()->transport_name(); }
-
-  void Close() {
-    if (!buffer_) return;
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = buffer_->Close();
-    }
-    buffer_.reset();
-    ThrowIfError(s);
-  }
 
  private:
   // Runs a send phase with the GIL released (it may wait on a full proxy ring) and wraps the pending op.
@@ -100,13 +82,6 @@ class PyCpuBuffer {
     ThrowIfError(op.status());
     return std::make_shared<PendingOp>(*std::move(op));
   }
-
-  CpuBuffer* Live() {
-    if (!buffer_) ThrowIfError(absl::FailedPreconditionError("buffer was destroyed"));
-    return buffer_.get();
-  }
-  std::unique_ptr<Bootstrap> bootstrap_;
-  std::unique_ptr<CpuBuffer> buffer_;
 };
 
 }  // namespace

@@ -11,8 +11,8 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/gpu_buffer.h"
+#include "server_hooks/bindings/buffer_holder.h"
 #include "server_hooks/bindings/call_from_addresses.h"
-#include "server_hooks/bindings/py_bootstrap.h"
 #include "server_hooks/bindings/status_to_python.h"
 
 namespace llep::bindings {
@@ -21,18 +21,15 @@ namespace {
 
 cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
-class PyGpuBuffer {
+class PyGpuBuffer : public BufferHolder<GpuBuffer> {
  public:
   PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s,
               int num_ctas) {
-    bootstrap_ = MakePythonBootstrap(rank, R, allgather);
     GpuBufferOptions opt;
     opt.device = device;
     opt.timeout = absl::Seconds(timeout_s);
     opt.num_ctas = num_ctas;
-    auto buf = GpuBuffer::Create(protocol::LlShape{T, H, E, R}, *bootstrap_, opt);
-    ThrowIfError(buf.status());
-    buffer_ = *std::move(buf);
+    Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
   std::shared_ptr<GpuPendingOp> Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
@@ -66,29 +63,8 @@ class PyGpuBuffer {
 
   void CheckErrors() { ThrowIfError(Live()->CheckErrors()); }
   uintptr_t NextCombineBuffer() { return reinterpret_cast<uintptr_t>(Live()->NextCombineBuffer()); }
-  int64_t combine_row_stride() { return Live()->combine_buffer_row_stride(); }
-  int64_t buffer_bytes() { return Live()->layout().total_bytes; }
   int num_ctas() { return Live()->num_ctas(); }
   int device() { return Live()->device(); }
-
-  void Close() {
-    if (!buffer_) return;
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = buffer_->Close();
-    }
-    buffer_.reset();
-    ThrowIfError(s);
-  }
-
- private:
-  GpuBuffer* Live() {
-    if (!buffer_) ThrowIfError(absl::FailedPreconditionError("buffer was destroyed"));
-    return buffer_.get();
-  }
-  std::unique_ptr<Bootstrap> bootstrap_;
-  std::unique_ptr<GpuBuffer> buffer_;
 };
 
 }  // namespace
