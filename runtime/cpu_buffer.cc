@@ -10,6 +10,7 @@
 #include "proxy/fabric/fabric_transport.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/protocol/signal.h"
+#include "runtime/protocol/sys_order.h"
 #include "runtime/validate.h"
 
 namespace llep {
@@ -134,14 +135,7 @@ absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
 
 absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   const protocol::LlShape& shape = layout_.shape;
-  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
-  LLEP_RETURN_IF_ERROR(ValidateDispatchMode(shape, call.mode));
-  if (call.num_tokens > 0 && call.x == nullptr) return absl::InvalidArgumentError("dispatch x is null");
-  if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
-      call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {
-    return absl::InvalidArgumentError(
-        "dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
-  }
+  LLEP_RETURN_IF_ERROR(ValidateDispatchCall(shape, call));
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   absl::MutexLock lock(&mu_);
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
@@ -158,11 +152,7 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
 
 absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   const protocol::LlShape& shape = layout_.shape;
-  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
-  if (!call.zero_copy && call.x == nullptr) return absl::InvalidArgumentError("combine x is null");
-  if (call.num_tokens > 0 && (call.out == nullptr || call.topk_weights == nullptr)) {
-    return absl::InvalidArgumentError("combine out or topk_weights is null");
-  }
+  LLEP_RETURN_IF_ERROR(ValidateCombineCall(shape, call));
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   LLEP_RETURN_IF_ERROR(ValidateLayoutRange(shape, call.layout_range));
   absl::MutexLock lock(&mu_);
@@ -206,9 +196,8 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
     for (size_t i = 0; i < pending.size();) {
       const int src = pending[i];
       // Pairs with the release store of the signal (ll_host.cc for direct peers, arrival_counter.cc for proxied).
-      const uint64_t word =
-          __atomic_load_n(reinterpret_cast<const uint64_t*>(region_.data() + layout_.SignalOffset(half, op.op_, src)),
-                          __ATOMIC_ACQUIRE);
+      const uint64_t word = protocol::LoadAcquireSys(
+          reinterpret_cast<const uint64_t*>(region_.data() + layout_.SignalOffset(half, op.op_, src)));
       const uint32_t s = protocol::SignalSeq(word);
       if (s == op.seq_) {
         (*values)[src] = protocol::SignalValue(word);

@@ -170,6 +170,13 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint8_t*) * R));
   d_peers_ = static_cast<uint8_t**>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_peers_, peer_bases_.data(), sizeof(uint8_t*) * R, cudaMemcpyHostToDevice));
+  ctx_.layout = layout_;
+  ctx_.rank = rank_;
+  ctx_.peers = d_peers_;
+  ctx_.done = d_workspace_;
+  ctx_.flags = d_workspace_ + WorkspaceWords(R) - 2;
+  ctx_.error = d_error_;
+  ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   // Nobody writes into a peer before every rank mapped every region.
   return bootstrap_.Barrier();
 }
@@ -189,18 +196,6 @@ void GpuBuffer::Release() {
   region_ = nullptr;
   h_error_ = nullptr;
   d_error_ = nullptr;
-}
-
-kernels::cuda::LlDeviceContext GpuBuffer::Context() const {
-  kernels::cuda::LlDeviceContext c;
-  c.layout = layout_;
-  c.rank = rank_;
-  c.peers = d_peers_;
-  c.done = d_workspace_;
-  c.flags = d_workspace_ + WorkspaceWords(layout_.shape.num_ranks) - 2;
-  c.error = d_error_;
-  c.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
-  return c;
 }
 
 absl::Status GpuBuffer::CheckErrors() {
@@ -259,8 +254,7 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
     // Recoverable: the kernels kept the buffer consistent. Re-arm the record behind the work already queued.
     e->code = 0;
     cudaSetDevice(device_);
-    const absl::Status clear = CudaStatus(
-        cudaMemsetAsync(d_workspace_ + WorkspaceWords(layout_.shape.num_ranks) - 2, 0, 4, stream), "re-arming");
+    const absl::Status clear = CudaStatus(cudaMemsetAsync(ctx_.flags, 0, 4, stream), "re-arming");
     if (!clear.ok()) fatal_ = clear;
     return s;
   }
@@ -269,26 +263,11 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
 }
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
-  const protocol::LlShape& shape = layout_.shape;
-  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
-  LLEP_RETURN_IF_ERROR(ValidateDispatchMode(shape, call.mode));
-  if (call.num_tokens > 0 && (call.x == nullptr || call.topk_idx == nullptr)) {
-    return absl::InvalidArgumentError("dispatch x or topk_idx is null");
-  }
-  if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
-      call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {
-    return absl::InvalidArgumentError(
-        "dispatch output buffer missing (recv_x, recv_scales, recv_count, src_info, layout_range)");
-  }
-  absl::MutexLock lock(&mu_);
-  LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
-  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin("dispatch"));
+  LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call));
   GpuPendingOp op;
-  op.seq = seq;
   op.op = LlOp::kDispatch;
   kernels::cuda::DispatchParams& p = op.dispatch;
-  p.ctx = Context();
-  p.seq = seq;
+  p.ctx = ctx_;
   p.mode = call.mode;
   p.x = call.x;
   p.topk_idx = call.topk_idx;
@@ -301,30 +280,15 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool 
   p.layout_range = call.layout_range;
   p.cumulative_stats = call.cumulative_local_expert_recv_stats;
   p.wait_stats = call.wait_recv_cost_stats;
-  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(
-      p, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, {num_ctas_}, stream));
-  if (split) calls_.AwaitReceive(seq);
-  return op;
+  return Send(std::move(op), split, stream);
 }
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool split, cudaStream_t stream) {
-  const protocol::LlShape& shape = layout_.shape;
-  LLEP_RETURN_IF_ERROR(ValidateCounts(shape, call.num_tokens, call.num_topk));
-  if (!call.zero_copy && call.x == nullptr) return absl::InvalidArgumentError("combine x is null");
-  if (call.layout_range == nullptr) return absl::InvalidArgumentError("combine layout_range is null");
-  if (call.num_tokens > 0 && (call.out == nullptr || call.topk_weights == nullptr || call.topk_idx == nullptr)) {
-    return absl::InvalidArgumentError("combine out, topk_idx or topk_weights is null");
-  }
-  absl::MutexLock lock(&mu_);
-  LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
-  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin("combine"));
+  LLEP_RETURN_IF_ERROR(ValidateCombineCall(layout_.shape, call));
   GpuPendingOp op;
-  op.seq = seq;
   op.op = LlOp::kCombine;
   kernels::cuda::CombineParams& p = op.combine;
-  p.ctx = Context();
-  p.seq = seq;
+  p.ctx = ctx_;
   p.x = call.zero_copy ? nullptr : call.x;
   p.layout_range = call.layout_range;
   p.topk_idx = call.topk_idx;
@@ -333,10 +297,16 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
   p.num_topk = call.num_topk;
   p.out = call.out;
   p.wait_stats = call.wait_recv_cost_stats;
-  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(
-      p, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, {num_ctas_}, stream));
-  if (split) calls_.AwaitReceive(seq);
+  return Send(std::move(op), split, stream);
+}
+
+absl::StatusOr<GpuPendingOp> GpuBuffer::Send(GpuPendingOp op, bool split, cudaStream_t stream) {
+  absl::MutexLock lock(&mu_);
+  LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
+  LLEP_ASSIGN_OR_RETURN(op.seq, calls_.Begin(OpName(op.op)));
+  op.dispatch.seq = op.combine.seq = op.seq;
+  LLEP_RETURN_IF_ERROR(Launch(op, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, stream));
+  if (split) calls_.AwaitReceive(op.seq);
   return op;
 }
 
@@ -346,12 +316,15 @@ absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
     return absl::FailedPreconditionError("operation already received or not sent on this buffer");
   }
   LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return Launch(op, kernels::cuda::kPhaseRecv, stream);
+}
+
+absl::Status GpuBuffer::Launch(const GpuPendingOp& op, kernels::cuda::LlPhase phase, cudaStream_t stream) {
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // hooks may run on another thread (vLLM)
   if (op.op == LlOp::kDispatch) {
-    LLEP_CUDA_RETURN_IF_ERROR(
-        kernels::cuda::LaunchDispatch(op.dispatch, kernels::cuda::kPhaseRecv, {num_ctas_}, stream));
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {num_ctas_}, stream));
   } else {
-    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, kernels::cuda::kPhaseRecv, {num_ctas_}, stream));
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, phase, {num_ctas_}, stream));
   }
   return absl::OkStatus();
 }

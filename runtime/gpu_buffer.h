@@ -84,7 +84,9 @@ class GpuBuffer {
   absl::Status InitLocal();                          // device, limits, allocations
   absl::Status Exchange(const absl::Status& local);  // IPC handles (collective), peer mapping
   absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  kernels::cuda::LlDeviceContext Context() const;
+  /// Queues an operation's send phase (or both phases) under the next sequence number.
+  absl::StatusOr<GpuPendingOp> Send(GpuPendingOp op, bool split, cudaStream_t stream);
+  absl::Status Launch(const GpuPendingOp& op, kernels::cuda::LlPhase phase, cudaStream_t stream);
   void Release();
 
   protocol::LlLayout layout_;
@@ -99,6 +101,7 @@ class GpuBuffer {
   uint32_t* d_workspace_ = nullptr;                 // done counters + flags (ll_kernels.h LlDeviceContext)
   kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
   kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias
+  kernels::cuda::LlDeviceContext ctx_;              // what every launch passes (fixed after Init)
   mutable absl::Mutex mu_;
   CallSequence calls_ ABSL_GUARDED_BY(mu_);  // sequence numbers and the in-flight rule
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // sticky error after a timeout / overrun

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "runtime/ll_calls.h"
 #include "runtime/protocol/ll_shape.h"
 
 namespace llep {
@@ -18,6 +19,12 @@ absl::Status ValidateDispatchMode(const protocol::LlShape& shape, const protocol
 
 /// 0 <= num_tokens <= T and 1 <= num_topk <= kMaxTopK.
 absl::Status ValidateCounts(const protocol::LlShape& shape, int num_tokens, int num_topk);
+
+/// What can be checked of a dispatch / combine without reading its tensors (so for device memory too): counts,
+/// mode, required pointers. Both backends call these; the CPU backend also checks contents (below), the GPU
+/// kernels check them in place and report through their error record.
+absl::Status ValidateDispatchCall(const protocol::LlShape& shape, const DispatchCall& call);
+absl::Status ValidateCombineCall(const protocol::LlShape& shape, const CombineCall& call);
 
 /// Every id in [-1, E), and no expert twice in one token's row (it would need two rows for one slot).
 absl::Status ValidateTopk(const protocol::LlShape& shape, const int64_t* topk_idx, int num_tokens, int num_topk);
