@@ -40,8 +40,14 @@ struct RegionBlob {
 };
 constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 
-// Slots of the device workspace after the done counters: [2 halves][2 ops][R] counters, then the flags.
-int64_t WorkspaceWords(int R) { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R + 2; }
+// The device workspace in 64-bit words: [2 halves][2 ops][R] completion counters, then one word holding the two
+// 32-bit flags (ll_kernels.h LlDeviceContext).
+int64_t WorkspaceCounters(int R) { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
+size_t WorkspaceBytes(int R) { return static_cast<size_t>(WorkspaceCounters(R) + 1) * sizeof(uint64_t); }
+
+size_t TraceBytes(int num_ctas) {
+  return sizeof(uint64_t) * protocol::kNumLlOps * num_ctas * kernels::cuda::kTracePoints;
+}
 
 }  // namespace
 
@@ -83,7 +89,7 @@ absl::Status GpuBuffer::InitLocal() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
   // Every CTA of a launch must be resident (ll_kernels.h): never more CTAs than SMs.
   num_ctas_ = options_.num_ctas == 0 ? sms : std::min(options_.num_ctas, sms);
-  // ...and enough CTAs that none signals more than kMaxDestinationsPerCta ranks.
+  // ...and enough CTAs that none counts the routes of more than kMaxDestinationsPerCta ranks.
   const int min_ctas = (R + kernels::cuda::kMaxDestinationsPerCta - 1) / kernels::cuda::kMaxDestinationsPerCta;
   if (min_ctas > sms) {
     return absl::InvalidArgumentError(
@@ -103,14 +109,19 @@ absl::Status GpuBuffer::InitLocal() {
   region_ = static_cast<uint8_t*>(p);
   // Zeroed signal words read "never signalled" (signal.h), so the region needs no per-call cleaning.
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(region_, 0, static_cast<size_t>(layout_.total_bytes)));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, static_cast<size_t>(WorkspaceWords(R) * 4)));
-  d_workspace_ = static_cast<uint32_t*>(p);
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, static_cast<size_t>(WorkspaceWords(R) * 4)));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, WorkspaceBytes(R)));
+  d_workspace_ = static_cast<uint64_t*>(p);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, WorkspaceBytes(R)));
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(GpuErrorInfo), cudaHostAllocMapped));
   h_error_ = static_cast<GpuErrorInfo*>(p);
   std::memset(h_error_, 0, sizeof(GpuErrorInfo));
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
   d_error_ = static_cast<GpuErrorInfo*>(p);
+  if (options_.kernel_trace) {
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, TraceBytes(num_ctas_)));
+    d_trace_ = static_cast<uint64_t*>(p);
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_trace_, 0, TraceBytes(num_ctas_)));
+  }
   LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }
@@ -173,10 +184,12 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.layout = layout_;
   ctx_.rank = rank_;
   ctx_.peers = d_peers_;
+  ctx_.local = region_;
   ctx_.done = d_workspace_;
-  ctx_.flags = d_workspace_ + WorkspaceWords(R) - 2;
+  ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + WorkspaceCounters(R));
   ctx_.error = d_error_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
+  ctx_.trace = d_trace_;
   // Nobody writes into a peer before every rank mapped every region.
   return bootstrap_.Barrier();
 }
@@ -191,6 +204,8 @@ void GpuBuffer::Release() {
   if (d_workspace_ != nullptr) cudaFree(d_workspace_);
   if (region_ != nullptr) cudaFree(region_);
   if (h_error_ != nullptr) cudaFreeHost(h_error_);
+  if (d_trace_ != nullptr) cudaFree(d_trace_);
+  d_trace_ = nullptr;
   d_peers_ = nullptr;
   d_workspace_ = nullptr;
   region_ = nullptr;
@@ -233,10 +248,7 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
       break;
     case kernels::cuda::kGpuTimeout:
       s = absl::DeadlineExceededError(
-          absl::StrCat(where,
-                       peer == rank_ ? "this rank's own kernel did not finish its sends"
-                                     : absl::StrCat("rank ", peer, " did not signal"),
-                       " within ", absl::FormatDuration(options_.timeout),
+          absl::StrCat(where, "rank ", peer, " did not signal within ", absl::FormatDuration(options_.timeout),
                        " (peer dead, stalled, or calling a different sequence of operations)"));
       break;
     case kernels::cuda::kGpuSequenceOverrun:
@@ -332,6 +344,16 @@ absl::Status GpuBuffer::Launch(const GpuPendingOp& op, kernels::cuda::LlPhase ph
 uint16_t* GpuBuffer::NextCombineBuffer() const {
   absl::MutexLock lock(&mu_);
   return reinterpret_cast<uint16_t*>(region_ + layout_.CombineSendOffset(protocol::HalfOfSeq(calls_.next()), 0, 0));
+}
+
+absl::StatusOr<std::vector<uint64_t>> GpuBuffer::KernelTrace() {
+  std::vector<uint64_t> out;
+  if (d_trace_ == nullptr) return out;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  out.resize(TraceBytes(num_ctas_) / sizeof(uint64_t));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), d_trace_, TraceBytes(num_ctas_), cudaMemcpyDeviceToHost));
+  return out;
 }
 
 absl::Status GpuBuffer::Close() {

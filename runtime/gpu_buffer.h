@@ -37,6 +37,7 @@ struct GpuBufferOptions {
   int device = -1;                             ///< CUDA device of this rank; -1 = the calling thread's current one
   absl::Duration timeout = absl::Seconds(30);  ///< receive wait per signal before the kernel records a timeout
   int num_ctas = 0;                            ///< CTAs per launch; 0 = the device's SM count
+  bool kernel_trace = false;  ///< diagnostic timeline of the kernels (ll_kernels.h TracePoint); env LLEP_KERNEL_TRACE=1
 };
 
 /// A sent operation whose receive phase has not been launched yet (receive hooks). Copyable: the Python layer
@@ -70,6 +71,10 @@ class GpuBuffer {
   uint16_t* NextCombineBuffer() const;
   int64_t combine_buffer_row_stride() const { return layout_.combine_stride / 2; }
 
+  /// The kernels' diagnostic timeline ([2 ops][num_ctas][kTracePoints] global-timer ns) after synchronising the
+  /// device; empty unless the buffer was created with kernel_trace.
+  absl::StatusOr<std::vector<uint64_t>> KernelTrace();
+
   /// Collective: synchronises the device, barrier, unmaps peers and frees the region.
   absl::Status Close();
 
@@ -98,9 +103,10 @@ class GpuBuffer {
   uint8_t* region_ = nullptr;                       // own region (device memory)
   std::vector<uint8_t*> peer_bases_;                // [R]; peer_bases_[rank_] == region_
   uint8_t** d_peers_ = nullptr;                     // device copy of peer_bases_
-  uint32_t* d_workspace_ = nullptr;                 // done counters + flags (ll_kernels.h LlDeviceContext)
+  uint64_t* d_workspace_ = nullptr;                 // completion counters + flags (ll_kernels.h LlDeviceContext)
   kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
   kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias
+  uint64_t* d_trace_ = nullptr;                     // kernel timeline when options_.kernel_trace
   kernels::cuda::LlDeviceContext ctx_;              // what every launch passes (fixed after Init)
   mutable absl::Mutex mu_;
   CallSequence calls_ ABSL_GUARDED_BY(mu_);  // sequence numbers and the in-flight rule

@@ -49,15 +49,34 @@ struct GpuErrorInfo {
   int64_t detail;  ///< code-specific value
 };
 
+/// Diagnostic timeline (LLEP_KERNEL_TRACE=1, off otherwise): thread 0 of every CTA stores the global timer (ns) at
+/// these points of each launch into trace[(op * num_ctas + cta) * kTracePoints + point], so the last launch of
+/// each operation leaves its timeline (the benchmark prints it). Points a CTA does not pass keep older values.
+enum TracePoint : int {
+  kTraceSendStart = 0,  ///< send phase entered
+  kTraceCounted,        ///< dispatch: route-block counts written (counting CTAs)
+  kTracePlanned,        ///< first token round planned (dispatch) / block positions computed (combine)
+  kTraceStored,         ///< payload stores issued (all rounds / rows of the CTA)
+  kTraceCounterDone,    ///< fences and completion counters of the CTA done
+  kTracePublished,      ///< a signal published by this CTA (the CTA whose message completed a destination)
+  kTraceRecvStart,      ///< receive phase entered
+  kTraceSignals,        ///< every source's signal seen
+  kTraceRecvPlanned,    ///< receive layout / token plan ready
+  kTraceRecvEnd,        ///< receive phase done
+  kTracePoints = 16,
+};
+
 /// Per-rank state every launch needs. POD, passed by value.
 struct LlDeviceContext {
   protocol::LlLayout layout;
   int rank = 0;
   uint8_t* const* peers = nullptr;  ///< device array [R]: every rank's region base in this address space
-  uint32_t* done = nullptr;         ///< device [2 halves][2 ops][R]: finished-message counters (self-resetting)
+  uint8_t* local = nullptr;         ///< this rank's region base (== peers[rank], without the load)
+  uint64_t* done = nullptr;         ///< device [2 halves][2 ops][R]: completion counters (self-resetting)
   uint32_t* flags = nullptr;        ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
   GpuErrorInfo* error = nullptr;    ///< device pointer to the mapped host error record
   uint64_t timeout_ns = 0;          ///< receive wait limit per signal
+  uint64_t* trace = nullptr;        ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
 };
 
 struct DispatchParams {
@@ -91,8 +110,8 @@ struct CombineParams {
 };
 
 /// Launch geometry. Every CTA of a launch must be resident at once (the receive phase of a kPhaseBoth launch
-/// waits on signals other CTAs produce), so num_ctas must not exceed the SM count; and a CTA signals at most
-/// kMaxDestinationsPerCta destinations, so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
+/// waits on signals other CTAs produce), so num_ctas must not exceed the SM count; and a CTA counts the routes of at
+/// most kMaxDestinationsPerCta destinations, so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
 struct LaunchConfig {
   int num_ctas = 0;
 };

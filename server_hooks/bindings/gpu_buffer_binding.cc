@@ -23,9 +23,10 @@ cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 class PyGpuBuffer : public BufferHolder<GpuBuffer> {
  public:
-  PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s,
-              int num_ctas) {
+  PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s, int num_ctas,
+              bool kernel_trace) {
     GpuBufferOptions opt;
+    opt.kernel_trace = kernel_trace;
     opt.device = device;
     opt.timeout = absl::Seconds(timeout_s);
     opt.num_ctas = num_ctas;
@@ -65,6 +66,11 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
   uintptr_t NextCombineBuffer() { return reinterpret_cast<uintptr_t>(Live()->NextCombineBuffer()); }
   int num_ctas() { return Live()->num_ctas(); }
   int device() { return Live()->device(); }
+  std::vector<uint64_t> KernelTrace() {
+    auto t = Live()->KernelTrace();
+    ThrowIfError(t.status());
+    return *std::move(t);
+  }
 };
 
 }  // namespace
@@ -74,14 +80,17 @@ void BindGpuBuffer(py::module_& m) {
                                                           "A queued send phase waiting for its receive launch.")
       .def_property_readonly("seq", [](const GpuPendingOp& op) { return op.seq; });
   py::class_<PyGpuBuffer>(m, "GpuBuffer", "One rank of the NVLink GPU backend (runtime/gpu_buffer.h).")
-      .def(py::init<int, int, int, int, int, py::function, int, double, int>(), py::arg("T"), py::arg("H"),
+      .def(py::init<int, int, int, int, int, py::function, int, double, int, bool>(), py::arg("T"), py::arg("H"),
            py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("device"), py::arg("timeout_s"),
-           py::arg("num_ctas"))
+           py::arg("num_ctas"), py::arg("kernel_trace") = false)
       .def("dispatch", &PyGpuBuffer::Dispatch)
       .def("combine", &PyGpuBuffer::Combine)
       .def("receive", &PyGpuBuffer::Receive)
       .def("check_errors", &PyGpuBuffer::CheckErrors)
       .def("next_combine_buffer", &PyGpuBuffer::NextCombineBuffer)
+      .def("kernel_trace", &PyGpuBuffer::KernelTrace,
+           "Diagnostic timeline [2 ops][num_ctas][16] of global-timer ns (kernels/cuda/ll_kernels.h TracePoint), "
+           "after a device synchronisation; empty unless created with kernel_trace (LLEP_KERNEL_TRACE=1).")
       .def_property_readonly("combine_row_stride", &PyGpuBuffer::combine_row_stride)
       .def_property_readonly("buffer_bytes", &PyGpuBuffer::buffer_bytes)
       .def_property_readonly("num_ctas", &PyGpuBuffer::num_ctas)

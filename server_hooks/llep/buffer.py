@@ -13,8 +13,9 @@ GPU errors (bad expert ids, a peer that never answers) are recorded by the kerne
 the next call on the buffer, or by Buffer.check_errors() after the stream was synchronised.
 
 Environment: LLEP_BACKEND ('cuda' / 'cpu'), LLEP_TIMEOUT_S (default 30: a silent peer becomes LlepTimeoutError
-after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_FABRIC_PROVIDER (CPU: default
-'shm'; 'tcp;ofi_rxm' also works on loopback), LLEP_PROXY_THREADS (CPU: default 1).
+after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_KERNEL_TRACE=1 (GPU: the kernels
+record a diagnostic timeline, read with `runtime.kernel_trace()`), LLEP_FABRIC_PROVIDER (CPU: default 'shm';
+'tcp;ofi_rxm' also works on loopback), LLEP_PROXY_THREADS (CPU: default 1).
 """
 import os
 import threading
@@ -169,7 +170,8 @@ class Buffer:
                 raise _llep.LlepUnimplementedError('llep was built without CUDA: use Buffer.backend = "cpu"')
             self._device = torch.device('cuda', torch.cuda.current_device())
             self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
-                                           self._device.index, self._timeout_s, self._num_ctas)
+                                           self._device.index, self._timeout_s, self._num_ctas,
+                                           os.environ.get('LLEP_KERNEL_TRACE', '0') == '1')
         elif self.backend == 'cpu':
             self._device = torch.device('cpu')
             self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
