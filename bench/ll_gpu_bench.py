@@ -97,28 +97,38 @@ def _inputs(rank, T, dev):
     return x, topk, w
 
 
+def _buffer_tokens(T, R):
+    """num_max_dispatch_tokens_per_rank for T tokens: llep needs R * T_max to be a multiple of 4 (column-major
+    scales stay 16-byte aligned), so e.g. T=1 on 2 ranks runs in a buffer sized for 2."""
+    t = T
+    while (R * t) % 4:
+        t += 1
+    return t
+
+
 def _bench_llep(buf, rank, R, T, dev, iters):
     x, topk, w = _inputs(rank, T, dev)
+    T_max = _buffer_tokens(T, R)
     # Correctness gate: counts must equal the routed counts.
-    recv, count, handle, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+    recv, count, handle, _, _ = buf.low_latency_dispatch(x, topk, T_max, E)
     all_topk = [torch.empty_like(topk.cpu()) for _ in range(R)]
     dist.all_gather(all_topk, topk.cpu())
     E_loc = E // R
     want = torch.stack([(torch.cat(all_topk) == rank * E_loc + i).sum() for i in range(E_loc)]).to(torch.int32)
     assert torch.equal(count.cpu(), want), 'recv_count wrong: benchmark refuses to time a broken kernel'
-    y = torch.randn((E_loc, R * T, H), device=dev).to(torch.bfloat16)
+    y = torch.randn((E_loc, R * T_max, H), device=dev).to(torch.bfloat16)
     out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
 
     def round_trip(ev):
         ev[0].record()
-        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T_max, E)
         ev[1].record()
         buf.low_latency_combine(y, topk, w, hd, out=out)
         ev[2].record()
 
     def hooks(ev):
         ev[0].record()
-        _, _, hd, _, hook = buf.low_latency_dispatch(x, topk, T, E, return_recv_hook=True)
+        _, _, hd, _, hook = buf.low_latency_dispatch(x, topk, T_max, E, return_recv_hook=True)
         ev[1].record()
         hook()
         ev[2].record()
@@ -128,11 +138,11 @@ def _bench_llep(buf, rank, R, T, dev, iters):
         ev[4].record()
 
     def plain():
-        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T_max, E)
         buf.low_latency_combine(y, topk, w, hd, out=out)
 
     def hooked():
-        _, _, hd, _, hook = buf.low_latency_dispatch(x, topk, T, E, return_recv_hook=True)
+        _, _, hd, _, hook = buf.low_latency_dispatch(x, topk, T_max, E, return_recv_hook=True)
         hook()
         _, _, chook = buf.low_latency_combine(y, topk, w, hd, out=out, return_recv_hook=True)
         chook()
@@ -160,10 +170,36 @@ def _bench_llep(buf, rank, R, T, dev, iters):
     d_bytes = msgs * (H + H // 128 * 4 + 80)
     c_bytes = rows * H * 2
     return {'dispatch_us': kd, 'combine_us': kc, 'dispatch_send_us': kds, 'dispatch_recv_us': kdr,
+            'trace': (_trace_line(buf, x, topk, w, y, out, T_max, E)
+                      if os.environ.get('LLEP_KERNEL_TRACE') == '1' else []),
             'combine_send_us': kcs, 'combine_recv_us': kcr, 'ev_dispatch_us': d, 'ev_combine_us': c,
             'ev_round_trip_us': d + c, 'ev_hook_dispatch_send_us': ds, 'ev_hook_dispatch_recv_us': dr,
             'ev_hook_combine_send_us': cs, 'ev_hook_combine_recv_us': cr,
             'dispatch_remote_bytes': d_bytes, 'combine_remote_bytes': c_bytes}
+
+
+TRACE_POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
+                'recv_planned', 'recv_end']  # kernels/cuda/ll_kernels.h TracePoint
+
+
+def _trace_line(buf, x, topk, w, y, out, T, E):
+    """One more round trip with the kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1); per operation and
+    point, median/max over CTAs of µs since the first CTA started (points a CTA did not pass are left out)."""
+    _, _, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+    buf.low_latency_combine(y, topk, w, hd, out=out)
+    tr = buf.runtime.kernel_trace()
+    G, P = buf.runtime.num_ctas, 16
+    parts = []
+    for op, name in enumerate(('dispatch', 'combine')):
+        stamps = [[tr[(op * G + b) * P + q] for b in range(G)] for q in range(len(TRACE_POINTS))]
+        t0 = min((v for v in stamps[0] if v), default=0)
+        cells = []
+        for q, label in enumerate(TRACE_POINTS):
+            vs = sorted((v - t0) / 1000 for v in stamps[q] if v >= t0 > 0)
+            if vs:
+                cells.append(f'{label} {statistics.median(vs):.1f}/{vs[-1]:.1f}')
+        parts.append(f'{name}: ' + ', '.join(cells))
+    return parts
 
 
 def _bench_a2a(nccl, R, nbytes, dev, iters):
@@ -218,7 +254,7 @@ def _max_over_ranks(v):
     return t.item()
 
 
-def _worker(rank, R, port, Ts, iters, json_path, num_ctas):
+def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines):
     # A stuck rank prints every thread's stack and exits instead of holding the GPUs until an outer timeout.
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '240')), exit=True)
     torch.cuda.set_device(rank)
@@ -239,8 +275,10 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas):
     buf._num_ctas = num_ctas  # 0 = one CTA per SM
     rows = []
     for T in Ts:
-        buf.clean_low_latency_buffer(T, H, E)
+        buf.clean_low_latency_buffer(_buffer_tokens(T, R), H, E)
         r = _bench_llep(buf, rank, R, T, dev, iters)
+        for line in r.pop('trace'):
+            print(f'[rank {rank}] trace T={T} {line} (µs: median/max over CTAs)', flush=True)
         r = {k: _max_over_ranks(v) for k, v in r.items()}
         say(f'llep T={T}: ' + ', '.join(f'{k} {v:.1f}' for k, v in r.items() if k.endswith('_us')))
         r['T'] = T
@@ -248,9 +286,10 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas):
         r['num_ctas'] = buf.runtime.num_ctas
         rows.append(r)
     buf.destroy()
-    say('llep done; NCCL all_to_all_single baseline next')
     nccl = _ALIGN['nccl']
-    for r in rows:
+    if baselines:
+        say('llep done; NCCL all_to_all_single baseline next')
+    for r in rows if baselines else []:
         a = _bench_a2a(nccl, R, int(r['dispatch_remote_bytes']) * R // max(R - 1, 1), dev, iters)
         b = _bench_a2a(nccl, R, int(r['combine_remote_bytes']) * R // max(R - 1, 1), dev, iters)
         r['a2a_dispatch_bytes_us'], r['a2a_combine_bytes_us'] = _max_over_ranks(a), _max_over_ranks(b)
@@ -279,7 +318,8 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas):
                   f'{r["dispatch_us"] + r["combine_us"]:>7.1f} | {r["dispatch_send_us"]:>6.1f} '
                   f'{r["dispatch_recv_us"]:>6.1f} {r["combine_send_us"]:>6.1f} {r["combine_recv_us"]:>6.1f} | '
                   f'{r["ev_dispatch_us"]:>7.1f} {r["ev_combine_us"]:>7.1f} {r["ev_round_trip_us"]:>7.1f} | '
-                  f'{r["a2a_dispatch_bytes_us"]:>6.1f} {r["a2a_combine_bytes_us"]:>6.1f} | {dd:>11}', flush=True)
+                  f'{r.get("a2a_dispatch_bytes_us", float("nan")):>6.1f} '
+                  f'{r.get("a2a_combine_bytes_us", float("nan")):>6.1f} | {dd:>11}', flush=True)
         if json_path:
             with open(json_path, 'w') as f:
                 json.dump({'ranks': R, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H, 'experts': E,
@@ -294,15 +334,20 @@ def main():
     ap.add_argument('--iters', type=int, default=200)
     ap.add_argument('--json', default='')
     ap.add_argument('--num-ctas', type=int, default=int(os.environ.get('LLEP_NUM_CTAS', '0')))
+    ap.add_argument('--no-baselines', action='store_true', help='llep alone (no NCCL all_to_all, no DeepEP)')
+    ap.add_argument('--trace', action='store_true', help="print the kernels' diagnostic timeline per T")
     args = ap.parse_args()
     if not torch.cuda.is_available() or not getattr(llep._llep, 'HAVE_CUDA', False):
         print('ll_gpu_bench: no CUDA device (or llep built without CUDA)')
         return 1
+    if args.trace:
+        os.environ['LLEP_KERNEL_TRACE'] = '1'  # inherited by the spawned ranks
     R = args.ranks or min(torch.cuda.device_count(), 8)
     if R < 2:
         print(f'll_gpu_bench: needs at least 2 GPUs, found {torch.cuda.device_count()}')
         return 1
-    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json, args.num_ctas), nprocs=R, join=True)
+    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json, args.num_ctas,
+                            not args.no_baselines), nprocs=R, join=True)
     return 0
 
 
