@@ -44,8 +44,10 @@ def _cases(quick):
     modes = ['fp8', 'bf16', 'fp8_round', 'ue8m0']
     i = 0
     for R in (4, 2):
-        for (n, H, E) in ((1, 7168, 256), (3, 2048, 64), (64, 4096, 288), (128, 7168, 256), (256, 7168, 256),
-                          (128, 2048, 288), (64, 7168, 64)):
+        # top-8 (the decode shape) and two wider top-k (the kernels' K > 8 code paths).
+        for (n, H, E, K) in ((1, 7168, 256, 8), (3, 2048, 64, 8), (64, 4096, 288, 8), (128, 7168, 256, 8),
+                             (256, 7168, 256, 8), (128, 2048, 288, 8), (64, 7168, 64, 8), (64, 2048, 64, 12),
+                             (32, 4096, 288, 16)):
             T = max(n, 4)
             for routing in ('random', 'hot'):
                 mode = modes[i % len(modes)]
@@ -53,9 +55,9 @@ def _cases(quick):
                 zero_copy = i % 3 == 2
                 logfmt = (i % 5 == 4) and not zero_copy
                 iters = 8 if n >= 128 else 20
-                cases.append((f'R{R}_n{n}_H{H}_E{E}_{mode}_{routing}' + ('_hook' if hook else '') +
+                cases.append((f'R{R}_n{n}_H{H}_E{E}_K{K}_{mode}_{routing}' + ('_hook' if hook else '') +
                               ('_zc' if zero_copy else '') + ('_logfmt' if logfmt else ''),
-                              R, n, T, H, E, 8, mode, routing, hook, zero_copy, logfmt, iters))
+                              R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters))
                 i += 1
     if quick:
         cases = cases[::4]
