@@ -248,7 +248,10 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
       break;
     case kernels::cuda::kGpuTimeout:
       s = absl::DeadlineExceededError(
-          absl::StrCat(where, "rank ", peer, " did not signal within ", absl::FormatDuration(options_.timeout),
+          absl::StrCat(where,
+                       peer == rank_ ? "this rank's own kernel did not finish its sends"
+                                     : absl::StrCat("rank ", peer, " did not signal"),
+                       " within ", absl::FormatDuration(options_.timeout),
                        " (peer dead, stalled, or calling a different sequence of operations)"));
       break;
     case kernels::cuda::kGpuSequenceOverrun:

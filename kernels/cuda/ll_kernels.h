@@ -58,11 +58,13 @@ enum TracePoint : int {
   kTracePlanned,        ///< first token round planned (dispatch) / block positions computed (combine)
   kTraceStored,         ///< payload stores issued (all rounds / rows of the CTA)
   kTraceCounterDone,    ///< fences and completion counters of the CTA done
-  kTracePublished,      ///< a signal published by this CTA (the CTA whose message completed a destination)
+  kTracePublished,      ///< signal(s) of the CTA's destinations published (publishing CTAs)
   kTraceRecvStart,      ///< receive phase entered
   kTraceSignals,        ///< every source's signal seen
   kTraceRecvPlanned,    ///< receive layout / token plan ready
   kTraceRecvEnd,        ///< receive phase done
+  kTraceEncoded,        ///< dispatch: warp 0's first payload chunk loaded and encoded (before its stores)
+  kTraceFenced,         ///< dispatch: thread 0's system fence after the first round's stores returned
   kTracePoints = 16,
 };
 
