@@ -240,20 +240,12 @@ __device__ __forceinline__ void WithTokenIds(const LlDeviceContext& c, const int
 
 /// The plan of one token, written by one warp into shared memory.
 struct TokenPlan {
-  int id[kK];    ///< validated expert id per slot, -1 = skipped
-  int row[kK];   ///< row_in_block: earlier tokens that select the same expert
-  int slot[kK];  ///< message slot of this token on the slot's destination rank
+  int id[kK];      ///< validated expert id per slot, -1 = skipped
+  int row[kK];     ///< row_in_block: earlier tokens that select the same expert
+  int slot[kK];    ///< message slot of this token on the slot's destination rank
+  int dst[kK];     ///< destination rank of the slot, -1 = skipped
+  uint32_t opens;  ///< bit k: slot k is the token's first on its rank, the slot that owns the (token, rank) message
 };
-
-/// True when slot k is the token's first selection on its rank: the slot that owns the (token, rank) message.
-__device__ __forceinline__ bool OpensMessage(const TokenPlan& pl, int k, int E_loc) {
-  if (pl.id[k] < 0) return false;
-  const int d = pl.id[k] / E_loc;
-  for (int j = 0; j < k; ++j) {
-    if (pl.id[j] >= 0 && pl.id[j] / E_loc == d) return false;
-  }
-  return true;
-}
 
 // Route keys for PlanRound: rank << 16 | local expert (both fit: a rank and a local expert id are below 65536, and
 // E <= 2^20 keeps them from both being 65535), kNoKey for "no expert".
@@ -327,9 +319,17 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
     }
   }
   __syncthreads();
-  if (warp < n && lane < kK) {
-    out[warp].row[lane] = sc->row[warp][lane];
-    out[warp].slot[lane] = sc->slot[warp][lane];
+  if (warp < n) {
+    const uint32_t key = lane < kK ? sc->key[warp][lane] : kNoKey;
+    const int dst = key == kNoKey ? -1 : static_cast<int>(key >> 16);
+    const unsigned same_rank = __match_any_sync(kFull, dst);
+    const unsigned opens = __ballot_sync(kFull, dst >= 0 && __ffs(same_rank) - 1 == lane);
+    if (lane < kK) {
+      out[warp].row[lane] = sc->row[warp][lane];
+      out[warp].slot[lane] = sc->slot[warp][lane];
+      out[warp].dst[lane] = dst;
+    }
+    if (lane == 0) out[warp].opens = opens;
   }
 }
 
@@ -533,9 +533,8 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
         if (item == 0 && round == 0) Trace(c, LlOp::kDispatch, kTraceEncoded);
         const int c0 = cp.c0;
         const bool active = c0 < H;
-        for (int k = 0; k < K; ++k) {
-          if (!OpensMessage(pl, k, E_loc)) continue;
-          const int d = pl.id[k] / E_loc;
+        for (unsigned m = pl.opens; m != 0; m &= m - 1) {
+          const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* dstp = PeerBase(c, lane_peer, d) + L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8);
           if (!active) continue;
           if (fp8) {
@@ -548,27 +547,27 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
         }
       } else {
         // Header per destination: lane i writes bytes [16i, 16i + 16) of the 80-byte header.
-        for (int k = 0; k < K; ++k) {
-          if (!OpensMessage(pl, k, E_loc)) continue;
-          const int d = pl.id[k] / E_loc;
+        for (unsigned m = pl.opens; m != 0; m &= m - 1) {
+          const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* base = PeerBase(c, lane_peer, d);
           if (lane >= 5) continue;
-          uint32_t words[4];
+          // Word 4 + i is the token's i-th selection on rank d, in top-k order (registers only: no local array).
+          uint32_t words[4] = {0, 0, 0, 0};
           int num_sel = 0;
-          uint32_t sel[kK];
           for (int j = 0; j < K; ++j) {
-            if (pl.id[j] >= 0 && pl.id[j] / E_loc == d)
-              sel[num_sel++] = protocol::PackSelection(pl.id[j] % E_loc, pl.row[j]);
+            if (pl.dst[j] != d) continue;
+            const int wd = 4 + num_sel++;
+            const uint32_t v = protocol::PackSelection(pl.id[j] - d * E_loc, pl.row[j]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) words[i] = wd == lane * 4 + i ? v : words[i];
           }
+#pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int wd = lane * 4 + i;
-            uint32_t v = 0;
-            if (wd == 0) v = static_cast<uint32_t>(t);
-            if (wd == 1) v = static_cast<uint32_t>(num_sel) | (protocol::kDispatchMsgVersion << 16);
-            if (wd == 2) v = p.seq;
-            if (wd == 3) v = fp8 ? protocol::kMsgFlagFp8 : 0u;
-            if (wd >= 4 && wd - 4 < num_sel) v = sel[wd - 4];
-            words[i] = v;
+            if (wd == 0) words[i] = static_cast<uint32_t>(t);
+            if (wd == 1) words[i] = static_cast<uint32_t>(num_sel) | (protocol::kDispatchMsgVersion << 16);
+            if (wd == 2) words[i] = p.seq;
+            if (wd == 3) words[i] = fp8 ? protocol::kMsgFlagFp8 : 0u;
           }
           uint8_t* hdr = base + L.RouteHeaderOffset(L.RouteRecvOffset(half, c.rank), pl.slot[k]);
           St16(hdr + lane * 16, make_uint4(words[0], words[1], words[2], words[3]));
@@ -582,9 +581,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
       FenceSys();
       if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
       const TokenPlan& pl = sh->plan[tid];
-      for (int k = 0; k < K; ++k) {
-        if (OpensMessage(pl, k, E_loc)) AddDone(c, LlOp::kDispatch, half, pl.id[k] / E_loc);
-      }
+      for (unsigned m = pl.opens; m != 0; m &= m - 1) AddDone(c, LlOp::kDispatch, half, pl.dst[__ffs(m) - 1]);
     }
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceCounterDone);
