@@ -172,33 +172,45 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
 
 // ------------------------------------------------------------------------------------------ routing
 
-/// topk_idx[t][lane] as a validated expert id, for the calling warp (lanes >= K get -1): -1 for "no expert", for
-/// an id outside [-1, E) (recorded) and for an id an earlier slot of the same token already selected (recorded).
-/// Every phase uses this, so a bad row is treated identically everywhere and the buffer stays consistent. One
-/// coalesced load per token; the duplicate check runs on shuffles (trace on H200: the per-slot scalar loads it
-/// replaces cost 3.6 us per token plan and 7.6 us per 1024-entry histogram).
-__device__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op, uint32_t seq) {
-  const int lane = threadIdx.x % 32, E = c.layout.shape.num_experts;
-  const int64_t v = lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1;
-  const bool in_range = v >= -1 && v < E;
+// The routing validation rule, applied by every phase so a bad row is treated identically everywhere and the
+// buffer stays consistent: a topk id outside [-1, E) and an id an earlier slot of the same token already selected
+// become -1 ("no expert") and are recorded. It has two forms over one pair of helpers: the warp form (a lane per
+// slot, for the token plan) and the thread form (a thread per token, for the histograms).
+
+/// Rule part 1: topk value v as an expert id, -1 (recorded) when outside [-1, E).
+__device__ __forceinline__ int InRangeId(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
+  const bool in_range = v >= -1 && v < c.layout.shape.num_experts;
   if (!in_range) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
-  const int id = in_range ? static_cast<int>(v) : -1;
-  bool dup = false;
-  for (int j = 0; j < K - 1; ++j) {
-    const int other = __shfl_sync(kFull, id, j);
-    dup |= j < lane && id >= 0 && other == id;
-  }
-  if (dup) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
-  return dup ? -1 : id;
+  return in_range ? static_cast<int>(v) : -1;
 }
 
-/// The thread-level form of WarpTokenExpert: the calling thread loads token t's whole row at once (one round of
-/// independent loads instead of one dependent load per token of a warp loop) and gets its validated ids in
-/// ids[0, kMaxK), slots >= K set to -1, under the same rules (out of range or repeated -> -1, recorded).
+/// Rule part 2: id, or -1 (recorded) when an earlier slot of the token selected it already (`repeated`).
+__device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, bool repeated, int64_t v, LlOp op,
+                                              uint32_t seq) {
+  if (repeated) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
+  return repeated ? -1 : id;
+}
+
+/// Warp form: topk_idx[t][lane] validated, lanes >= K get -1. One coalesced load per token; the repeat check runs
+/// on shuffles (trace on H200: the per-slot scalar loads it replaced cost 3.6 us per token plan; a thread-form load
+/// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1).
+__device__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op, uint32_t seq) {
+  const int lane = threadIdx.x % 32;
+  const int64_t v = lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1;
+  const int id = InRangeId(c, v, op, seq);
+  bool repeated = false;
+  for (int j = 0; j < K - 1; ++j) {
+    const int other = __shfl_sync(kFull, id, j);
+    repeated |= j < lane && id >= 0 && other == id;
+  }
+  return UnlessRepeated(c, id, repeated, v, op, seq);
+}
+
+/// Thread form: the calling thread loads token t's whole row at once (one round of independent loads instead of
+/// one dependent load per token of a warp loop) and gets its validated ids in ids[0, kMaxK), slots >= K set to -1.
 template <int kMaxK>
 __device__ __forceinline__ void LoadTokenIds(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
                                              uint32_t seq, int (&ids)[kMaxK]) {
-  const int E = c.layout.shape.num_experts;
   const int64_t* r = topk + static_cast<int64_t>(t) * K;
   int64_t v[kMaxK];
 #pragma unroll
@@ -206,14 +218,11 @@ __device__ __forceinline__ void LoadTokenIds(const LlDeviceContext& c, const int
   int valid[kMaxK];
 #pragma unroll
   for (int k = 0; k < kMaxK; ++k) {
-    const bool in_range = v[k] >= -1 && v[k] < E;
-    if (!in_range) RecordError(c, kGpuBadExpertId, op, -1, seq, v[k]);
-    valid[k] = in_range ? static_cast<int>(v[k]) : -1;
-    bool dup = false;
+    valid[k] = InRangeId(c, v[k], op, seq);
+    bool repeated = false;
 #pragma unroll
-    for (int j = 0; j < k; ++j) dup |= valid[k] >= 0 && valid[j] == valid[k];
-    if (dup) RecordError(c, kGpuBadExpertId, op, -1, seq, v[k]);
-    ids[k] = dup ? -1 : valid[k];
+    for (int j = 0; j < k; ++j) repeated |= valid[k] >= 0 && valid[j] == valid[k];
+    ids[k] = UnlessRepeated(c, valid[k], repeated, v[k], op, seq);
   }
 }
 
