@@ -21,6 +21,12 @@ namespace {
 
 const char* OpName(LlOp op) { return op == LlOp::kDispatch ? "dispatch" : "combine"; }
 
+uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
 // Blob of one rank: [u32 num_threads] then per thread [u32 len][bytes].
 std::string PackBlobs(const std::vector<std::string>& blobs) {
   std::string out;
@@ -60,7 +66,23 @@ absl::StatusOr<std::vector<std::string>> UnpackBlobs(const std::string& packed, 
 }  // namespace
 
 CpuBuffer::CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options)
-    : layout_(layout), bootstrap_(bootstrap), options_(options), rank_(bootstrap.rank()) {}
+    : layout_(layout), bootstrap_(bootstrap), options_(options), rank_(bootstrap.rank()) {
+  if (options_.metrics) {
+    metrics_layout_ = protocol::ComputeMetricsLayout(layout.shape.num_ranks, layout.shape.num_local_experts());
+    metrics_.assign(static_cast<size_t>(metrics_layout_.num_words()), 0);
+  }
+}
+
+std::vector<uint64_t> CpuBuffer::MetricsSnapshot() const {
+  absl::MutexLock lock(&metrics_mu_);
+  return metrics_;
+}
+
+void CpuBuffer::AddMetrics(const std::function<void(std::vector<uint64_t>&)>& f) {
+  if (!options_.metrics) return;
+  absl::MutexLock lock(&metrics_mu_);
+  f(metrics_);
+}
 
 CpuBuffer::~CpuBuffer() { proxy_.reset(); }
 
@@ -139,14 +161,21 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   absl::MutexLock lock(&mu_);
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
-  kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, &dispatch_plan_);
   PendingOp op;
+  op.send_start_ns_ = NowNs();
+  kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, &dispatch_plan_);
   op.seq_ = seq;
   op.op_ = LlOp::kDispatch;
   op.dispatch_ = call;
   if (!kernels::DispatchSendHost(Context(), {call.x, &dispatch_plan_, call.mode, seq})) {
     return base::Annotate(proxy_->status(), "dispatch send aborted");
   }
+  op.send_end_ns_ = NowNs();
+  AddMetrics([&](std::vector<uint64_t>& m) {
+    for (int d = 0; d < shape.num_ranks; ++d) {
+      m[metrics_layout_.sent_selections(d)] += static_cast<uint64_t>(dispatch_plan_.rows_per_dst[d]);
+    }
+  });
   return op;
 }
 
@@ -158,6 +187,7 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   absl::MutexLock lock(&mu_);
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kCombine));
   PendingOp op;
+  op.send_start_ns_ = NowNs();
   op.seq_ = seq;
   op.op_ = LlOp::kCombine;
   op.combine_ = call;
@@ -166,6 +196,7 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   if (!kernels::CombineSendHost(Context(), {call.zero_copy ? nullptr : call.x, call.layout_range, seq})) {
     return base::Annotate(proxy_->status(), "combine send aborted");
   }
+  op.send_end_ns_ = NowNs();
   return op;
 }
 
@@ -179,13 +210,23 @@ absl::Status CpuBuffer::Receive(PendingOp op) {
   // The half stays reserved while it is read, so a send on another thread cannot overwrite it. It is released
   // even on failure: after a timeout the half's contents are undefined, and retrying would only wait for the
   // same missing peer again.
+  const uint64_t recv_start = NowNs();
   const absl::Status s = op.op_ == LlOp::kDispatch ? ReceiveDispatch(op) : ReceiveCombine(op);
+  if (s.ok()) {
+    const uint64_t recv_end = NowNs();
+    const uint64_t ns[protocol::kNumMetricPhases] = {op.send_end_ns_ - op.send_start_ns_, op.wait_end_ns_ - recv_start,
+                                                     recv_end - op.send_start_ns_};
+    AddMetrics([&](std::vector<uint64_t>& m) {
+      protocol::AddOpLatencies(metrics_layout_, static_cast<int>(op.op_), ns,
+                               [&](int word, uint64_t v) { m[word] += v; });
+    });
+  }
   absl::MutexLock lock(&mu_);
   calls_.Received(op.seq_);
   return s;
 }
 
-absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats) {
+absl::Status CpuBuffer::WaitForSignals(PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats) {
   const int R = layout_.shape.num_ranks, half = protocol::HalfOfSeq(op.seq_);
   values->assign(R, 0);
   std::vector<int> pending(R);
@@ -201,10 +242,12 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
       const uint32_t s = protocol::SignalSeq(word);
       if (s == op.seq_) {
         (*values)[src] = protocol::SignalValue(word);
-        if (wait_stats != nullptr) {
-          wait_stats[src] +=
-              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-        }
+        const int64_t waited =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+        if (wait_stats != nullptr) wait_stats[src] += waited;
+        AddMetrics([&](std::vector<uint64_t>& m) {
+          m[metrics_layout_.recv_wait_ns(static_cast<int>(op.op_), src)] += static_cast<uint64_t>(waited);
+        });
         pending[i] = pending.back();
         pending.pop_back();
         continue;
@@ -223,6 +266,7 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
     }
     if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::sort(pending.begin(), pending.end());
+      AddMetrics([&](std::vector<uint64_t>& m) { ++m[metrics_layout_.timeouts(static_cast<int>(op.op_))]; });
       return absl::DeadlineExceededError(absl::StrCat(OpName(op.op_), " call ", op.seq_, " timed out after ",
                                                       absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
                                                       absl::StrJoin(pending, ", "),
@@ -230,6 +274,7 @@ absl::Status CpuBuffer::WaitForSignals(const PendingOp& op, std::vector<uint32_t
     }
     if (spins > 256) std::this_thread::sleep_for(std::chrono::microseconds(spins > 4096 ? 50 : 5));
   }
+  op.wait_end_ns_ = NowNs();
   return absl::OkStatus();
 }
 
@@ -249,6 +294,11 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   a.cumulative_local_expert_recv_stats = c.cumulative_local_expert_recv_stats;
   const std::string err = kernels::DispatchRecvHost(Context(), a);
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
+  AddMetrics([&](std::vector<uint64_t>& m) {
+    for (int le = 0; le < layout_.shape.num_local_experts(); ++le) {
+      m[metrics_layout_.expert_recv_tokens(le)] += static_cast<uint64_t>(c.recv_count[le]);
+    }
+  });
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "runtime/host_region.h"
 #include "runtime/ll_calls.h"
 #include "runtime/protocol/ll_layout.h"
+#include "runtime/protocol/metrics_layout.h"
 
 namespace llep {
 
@@ -37,6 +39,7 @@ struct CpuBufferOptions {
   int num_proxy_threads = 1;
   absl::Duration timeout = absl::Seconds(30);  ///< receive wait before DeadlineExceeded names the silent ranks
   proxy::ProxyOptions proxy;
+  bool metrics = true;  ///< keep the metrics counter block (runtime/protocol/metrics_layout.h)
 };
 
 /// A sent operation waiting for its receive phase. Move-only; Receive() consumes it.
@@ -50,6 +53,9 @@ class PendingOp {
     dispatch_ = o.dispatch_;
     combine_ = o.combine_;
     plan_ = std::move(o.plan_);
+    send_start_ns_ = o.send_start_ns_;
+    send_end_ns_ = o.send_end_ns_;
+    wait_end_ns_ = o.wait_end_ns_;
     o.seq_ = 0;
     return *this;
   }
@@ -64,6 +70,9 @@ class PendingOp {
   DispatchCall dispatch_;
   CombineCall combine_;
   std::unique_ptr<kernels::RoutePlan> plan_;  // combine: where each (token, slot) row comes back
+  uint64_t send_start_ns_ = 0;                // metrics: the send phase's steady-clock span
+  uint64_t send_end_ns_ = 0;
+  uint64_t wait_end_ns_ = 0;
 };
 
 class CpuBuffer {
@@ -91,14 +100,20 @@ class CpuBuffer {
   std::string transport_name() const { return transport_name_; }
   proxy::ProxyStats proxy_stats() const;
 
+  /// Metrics (options.metrics): the counter block's layout (num_words() == 0 when off) and a copy of it. Each
+  /// operation is counted when its receive phase ends; the latencies use the steady clock (metrics_layout.h).
+  protocol::MetricsLayout metrics_layout() const { return metrics_layout_; }
+  std::vector<uint64_t> MetricsSnapshot() const;
+
  private:
   CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options);
   absl::Status Init();
   absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WaitForSignals(const PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats);
+  absl::Status WaitForSignals(PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats);
   absl::Status ReceiveDispatch(PendingOp& op);
   absl::Status ReceiveCombine(PendingOp& op);
   kernels::HostRankContext Context() const;
+  void AddMetrics(const std::function<void(std::vector<uint64_t>&)>& f);
 
   protocol::LlLayout layout_;
   Bootstrap& bootstrap_;
@@ -112,6 +127,9 @@ class CpuBuffer {
   CallSequence calls_ ABSL_GUARDED_BY(mu_);                // sequence numbers and the in-flight rule
   kernels::RoutePlan dispatch_plan_ ABSL_GUARDED_BY(mu_);  // reused across dispatches (send phase only)
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  protocol::MetricsLayout metrics_layout_;
+  mutable absl::Mutex metrics_mu_;
+  std::vector<uint64_t> metrics_ ABSL_GUARDED_BY(metrics_mu_);  // the counter block; empty when off
 };
 
 }  // namespace llep

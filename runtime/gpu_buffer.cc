@@ -117,6 +117,20 @@ absl::Status GpuBuffer::InitLocal() {
   std::memset(h_error_, 0, sizeof(GpuErrorInfo));
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
   d_error_ = static_cast<GpuErrorInfo*>(p);
+  if (options_.metrics) {
+    metrics_layout_ = protocol::ComputeMetricsLayout(R, shape.num_local_experts());
+    const size_t bytes = static_cast<size_t>(metrics_layout_.num_bytes());
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    d_metrics_ = static_cast<uint64_t*>(p);
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_metrics_, 0, bytes));
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(kernels::cuda::OpStamps) * kernels::cuda::kStampSlots));
+    d_stamps_ = static_cast<kernels::cuda::OpStamps*>(p);
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_stamps_, 0, sizeof(kernels::cuda::OpStamps) * kernels::cuda::kStampSlots));
+    absl::MutexLock lock(&metrics_mu_);
+    LLEP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&metrics_stream_, cudaStreamNonBlocking));
+    LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    h_metrics_ = static_cast<uint64_t*>(p);
+  }
   if (options_.kernel_trace) {
     LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, TraceBytes(num_ctas_)));
     d_trace_ = static_cast<uint64_t*>(p);
@@ -190,6 +204,9 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.error = d_error_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   ctx_.trace = d_trace_;
+  ctx_.metrics = d_metrics_;
+  ctx_.stamps = d_stamps_;
+  ctx_.metrics_layout = metrics_layout_;
   // Nobody writes into a peer before every rank mapped every region.
   return bootstrap_.Barrier();
 }
@@ -205,7 +222,18 @@ void GpuBuffer::Release() {
   if (region_ != nullptr) cudaFree(region_);
   if (h_error_ != nullptr) cudaFreeHost(h_error_);
   if (d_trace_ != nullptr) cudaFree(d_trace_);
+  if (d_stamps_ != nullptr) cudaFree(d_stamps_);
+  {
+    absl::MutexLock lock(&metrics_mu_);  // a snapshot in progress finishes first
+    if (d_metrics_ != nullptr) cudaFree(d_metrics_);
+    if (metrics_stream_ != nullptr) cudaStreamDestroy(metrics_stream_);
+    if (h_metrics_ != nullptr) cudaFreeHost(h_metrics_);
+    metrics_stream_ = nullptr;
+    h_metrics_ = nullptr;
+  }
   d_trace_ = nullptr;
+  d_metrics_ = nullptr;
+  d_stamps_ = nullptr;
   d_peers_ = nullptr;
   d_workspace_ = nullptr;
   region_ = nullptr;
@@ -357,6 +385,30 @@ absl::StatusOr<std::vector<uint64_t>> GpuBuffer::KernelTrace() {
   out.resize(TraceBytes(num_ctas_) / sizeof(uint64_t));
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), d_trace_, TraceBytes(num_ctas_), cudaMemcpyDeviceToHost));
   return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> GpuBuffer::MetricsSnapshot() {
+  std::vector<uint64_t> out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::FailedPreconditionError("buffer is closed");
+  }
+  absl::MutexLock lock(&metrics_mu_);
+  if (d_metrics_ == nullptr || h_metrics_ == nullptr) return out;
+  const size_t bytes = static_cast<size_t>(metrics_layout_.num_bytes());
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // collector threads start on device 0
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_metrics_, d_metrics_, bytes, cudaMemcpyDeviceToHost, metrics_stream_));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(metrics_stream_));
+  out.assign(h_metrics_, h_metrics_ + metrics_layout_.num_words());
+  return out;
+}
+
+absl::Status GpuBuffer::FlushMetrics(cudaStream_t stream) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("buffer is closed");
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::FlushLlMetrics(ctx_, stream));
+  return absl::OkStatus();
 }
 
 absl::Status GpuBuffer::Close() {

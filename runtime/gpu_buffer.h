@@ -38,6 +38,7 @@ struct GpuBufferOptions {
   absl::Duration timeout = absl::Seconds(30);  ///< receive wait per signal before the kernel records a timeout
   int num_ctas = 0;                            ///< CTAs per launch; 0 = the device's SM count
   bool kernel_trace = false;  ///< diagnostic timeline of the kernels (ll_kernels.h TracePoint); env LLEP_KERNEL_TRACE=1
+  bool metrics = true;        ///< the kernels keep the metrics counter block (runtime/protocol/metrics_layout.h)
 };
 
 /// A sent operation whose receive phase has not been launched yet (receive hooks). Copyable: the Python layer
@@ -75,6 +76,15 @@ class GpuBuffer {
   /// device; empty unless the buffer was created with kernel_trace.
   absl::StatusOr<std::vector<uint64_t>> KernelTrace();
 
+  /// Metrics (options.metrics). The counter block's layout; num_words() == 0 when metrics are off.
+  protocol::MetricsLayout metrics_layout() const { return metrics_layout_; }
+  /// Copies the counter block on a private stream and waits for that copy only: never synchronises the caller's
+  /// streams, so a collector thread may call it at any time. Operations are binned by a later receive launch, so
+  /// the newest one's latencies may be missing until FlushMetrics().
+  absl::StatusOr<std::vector<uint64_t>> MetricsSnapshot();
+  /// Queues the binning of every received operation's latencies on `stream` (the stream of the operations).
+  absl::Status FlushMetrics(cudaStream_t stream);
+
   /// Collective: synchronises the device, barrier, unmaps peers and frees the region.
   absl::Status Close();
 
@@ -107,7 +117,13 @@ class GpuBuffer {
   kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
   kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias
   uint64_t* d_trace_ = nullptr;                     // kernel timeline when options_.kernel_trace
-  kernels::cuda::LlDeviceContext ctx_;              // what every launch passes (fixed after Init)
+  uint64_t* d_metrics_ = nullptr;                   // counter block when options_.metrics
+  kernels::cuda::OpStamps* d_stamps_ = nullptr;     // latency stamps when options_.metrics
+  protocol::MetricsLayout metrics_layout_;
+  absl::Mutex metrics_mu_;  // serialises snapshots (their stream and staging)
+  cudaStream_t metrics_stream_ ABSL_GUARDED_BY(metrics_mu_) = nullptr;  // non-blocking: copies overlap the kernels
+  uint64_t* h_metrics_ ABSL_GUARDED_BY(metrics_mu_) = nullptr;          // pinned staging of the snapshot
+  kernels::cuda::LlDeviceContext ctx_;                                  // what every launch passes (fixed after Init)
   mutable absl::Mutex mu_;
   CallSequence calls_ ABSL_GUARDED_BY(mu_);  // sequence numbers and the in-flight rule
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // sticky error after a timeout / overrun

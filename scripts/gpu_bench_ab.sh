@@ -31,15 +31,26 @@ if [ -n "${LLEP_AB_TEST:-}" ]; then
   grep -E "FAIL|rank .*:|gpu_vs_cpu:" "$LOGS/gpu_vs_cpu.log" | head -30
   [ $rc = 0 ] || { tail -20 "$LOGS/gpu_vs_cpu.log"; exit 1; }
 fi
-declare -A runs=([base]="" [new]="")
+# LLEP_AB_VARIANT_ENV (e.g. "LLEP_METRICS=0"): each round also runs the candidate with that environment ("var"),
+# and a second table compares the candidate with it (var = base, candidate = new).
+declare -A runs=([base]="" [new]="" [var]="")
+pkg[var]="${pkg[new]}"
+variants="base new"
+[ -n "${LLEP_AB_VARIANT_ENV:-}" ] && variants="base var new"
 for round in $(seq "${LLEP_AB_ROUNDS:-2}"); do
-  for v in base new; do
+  for v in $variants; do
     json="$LOGS/bench_${v}_$round.json"
+    extra=()
+    [ "$v" = var ] && read -ra extra <<< "$LLEP_AB_VARIANT_ENV"
     # shellcheck disable=SC2086
-    PYTHONPATH="${pkg[$v]}" timeout "${LLEP_BENCH_TIMEOUT:-200}" python3 bench/ll_gpu_bench.py --no-baselines \
-      --json "$json" ${LLEP_BENCH_ARGS:-} > "$LOGS/bench_${v}_$round.log" 2>&1 ||
+    env "${extra[@]}" PYTHONPATH="${pkg[$v]}" timeout "${LLEP_BENCH_TIMEOUT:-200}" python3 bench/ll_gpu_bench.py \
+      --no-baselines --json "$json" ${LLEP_BENCH_ARGS:-} > "$LOGS/bench_${v}_$round.log" 2>&1 ||
       { echo "gpu_bench_ab: $v round $round failed"; tail -20 "$LOGS/bench_${v}_$round.log"; exit 1; }
     runs[$v]+="$json,"
   done
 done
 python3 bench/compare_runs.py "base=${runs[base]}" "new=${runs[new]}" | tee "$LOGS/compare.txt"
+if [ -n "${LLEP_AB_VARIANT_ENV:-}" ]; then
+  echo "== candidate with $LLEP_AB_VARIANT_ENV (base column) vs candidate (new column)"
+  python3 bench/compare_runs.py "base=${runs[var]}" "new=${runs[new]}" | tee "$LOGS/compare_variant.txt"
+fi

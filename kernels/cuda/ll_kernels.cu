@@ -80,7 +80,10 @@ __device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePo
 
 __device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq, int64_t detail) {
   const bool fatal = code == kGpuTimeout || code == kGpuSequenceOverrun || code == kGpuBadMessage;
-  if (fatal) atomicExch(&c.flags[1], 1u);
+  // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
+  if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == kGpuTimeout && c.metrics != nullptr) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op))), 1ull);
+  }
   if (atomicCAS(&c.flags[0], 0u, 1u) != 0u) return;  // the first error keeps the record
   volatile GpuErrorInfo* e = c.error;
   e->op = static_cast<uint32_t>(op);
@@ -94,6 +97,70 @@ __device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, in
 
 __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
   return *reinterpret_cast<volatile const uint32_t*>(&c.flags[1]) != 0u;
+}
+
+// ------------------------------------------------------------------------------------------ metrics
+
+/// counters[word] += v, fire-and-forget (metrics on).
+__device__ __forceinline__ void AddMetric(const LlDeviceContext& c, int word, uint64_t v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + word), static_cast<unsigned long long>(v));
+}
+
+__device__ __forceinline__ OpStamps& StampSlot(const LlDeviceContext& c, uint32_t seq) {
+  return c.stamps[seq % kStampSlots];
+}
+
+/// *p = max(*p, now), fire-and-forget: the end stamps several CTAs contribute to.
+__device__ __forceinline__ void StampMax(uint64_t* p) {
+  atomicMax(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(NowNs()));
+}
+
+/// Bins the latencies of every operation whose receive phase a launch before this one started (so it finished:
+/// stream order), except call `except` (the caller's own). One thread. Stamps that do not make sense (an operation
+/// cut short by an error) are dropped rather than binned.
+__device__ void BinFinishedOps(const LlDeviceContext& c, uint32_t except) {
+  for (int i = 0; i < kStampSlots; ++i) {
+    OpStamps& st = c.stamps[i];
+    if (st.state != kStampReceiving || st.seq == except) continue;
+    const uint64_t s0 = st.send_start, s1 = st.send_end, r0 = st.recv_start, w1 = st.wait_end, r1 = st.recv_end;
+    st.state = kStampBinned;
+    if (s1 < s0 || w1 < r0 || r1 < w1 || r1 < s0) continue;
+    const uint64_t ns[protocol::kNumMetricPhases] = {s1 - s0, w1 - r0, r1 - s0};
+    protocol::AddOpLatencies(c.metrics_layout, static_cast<int>(st.op), ns,
+                             [&](int word, uint64_t v) { AddMetric(c, word, v); });
+  }
+}
+
+/// Every source's signal seen (CTA 0, thread 0, after the CTA's wait).
+__device__ __forceinline__ void StampWaitEnd(const LlDeviceContext& c, uint32_t seq) {
+  if (c.metrics != nullptr && blockIdx.x == 0 && threadIdx.x == 0) StampSlot(c, seq).wait_end = NowNs();
+}
+
+/// The CTA's receive work is done (all threads, after it): thread 0 contributes the receive end.
+__device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t seq) {
+  if (c.metrics == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) StampMax(&StampSlot(c, seq).recv_end);
+}
+
+/// Send phase entered (CTA 0, thread 0): the slot now belongs to call `seq`.
+__device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op, uint32_t seq) {
+  if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  OpStamps& st = StampSlot(c, seq);
+  st.seq = seq;
+  st.op = static_cast<uint32_t>(op);
+  st.send_start = NowNs();
+  st.state = kStampSent;
+}
+
+/// Receive phase entered (CTA 0, thread 0). A receive launch without the send stamps (metrics switched on between
+/// the two phases) leaves the slot alone.
+__device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq) {
+  if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  OpStamps& st = StampSlot(c, seq);
+  if (st.seq != seq || st.state != kStampSent) return;
+  st.recv_start = NowNs();
+  st.state = kStampReceiving;
 }
 
 /// Waits for `p` to carry call `seq`; returns its value, or -1 after recording a timeout / overrun (or when
@@ -127,6 +194,10 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
 /// CTA 0 adds the waiting time to wait_stats[src] (ns). The caller synchronises the CTA before reading values.
 __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
                                int64_t* wait_stats, int* values, int* failed) {
+  // Metrics: the last CTA's last thread bins earlier operations' latencies meanwhile, and CTA 0 accounts the waits.
+  // The last CTA, because receive work starts at CTA 0 (tokens b, b + G, ...): with T < G it has none, so the
+  // binning's dependent loads delay nobody (CTA 0 doing it cost 1.1 us of combine receive at T=1 on 4xH200).
+  if (c.metrics != nullptr && blockIdx.x == gridDim.x - 1 && threadIdx.x == kThreads - 1) BinFinishedOps(c, seq);
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     const int64_t v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)),
@@ -137,6 +208,9 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
     values[src] = ok ? static_cast<int>(v) : 0;
     if (blockIdx.x == 0 && wait_stats != nullptr) {
       atomicAdd(reinterpret_cast<unsigned long long*>(&wait_stats[src]), static_cast<unsigned long long>(waited));
+    }
+    if (blockIdx.x == 0 && c.metrics != nullptr) {
+      AddMetric(c, c.metrics_layout.recv_wait_ns(static_cast<int>(op), src), static_cast<uint64_t>(waited));
     }
   }
 }
@@ -167,6 +241,7 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
   *ctr = 0;
   protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(c.peers[dst] + c.layout.SignalOffset(half, op, c.rank)),
                             protocol::PackSignal(seq, n));
+  if (c.metrics != nullptr) StampMax(&StampSlot(c, seq).send_end);
   TraceThis(c, op, kTracePublished);
 }
 
@@ -514,6 +589,12 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
     __syncthreads();
     auto* remote_counts = reinterpret_cast<uint32_t*>(c.peers[d] + L.RouteRecvOffset(half, c.rank));
     for (int i = tid; i < E_loc; i += kThreads) remote_counts[i] = static_cast<uint32_t>(counts[i]);
+    if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
+      for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
+        const unsigned v = __reduce_add_sync(kFull, i0 + lane < E_loc ? static_cast<unsigned>(counts[i0 + lane]) : 0u);
+        if (lane == 0 && v != 0) AddMetric(c, c.metrics_layout.sent_selections(d), v);
+      }
+    }
     __syncthreads();
     if (tid == 0) FenceSys();  // the counts are ordered before d's signal, which this thread publishes
   }
@@ -656,6 +737,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
   WaitAllSources(c, LlOp::kDispatch, half, p.seq, T, p.wait_stats, msg_start, failed);  // messages per source
   __syncthreads();
   Trace(c, LlOp::kDispatch, kTraceSignals);
+  StampWaitEnd(c, p.seq);
   if (*failed) return;
   for (int i = tid; i < E; i += kThreads) {
     const int src = i / E_loc, le = i % E_loc;
@@ -680,6 +762,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
     if (blockIdx.x == 0) {
       p.recv_count[le] = acc;
       if (p.cumulative_stats != nullptr) atomicAdd(&p.cumulative_stats[le], acc);
+      if (c.metrics != nullptr) AddMetric(c, c.metrics_layout.expert_recv_tokens(le), static_cast<uint64_t>(acc));
     }
   }
   if (tid == 0) msg_start[R] = 0;
@@ -929,6 +1012,7 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
       WaitAllSources(c, LlOp::kCombine, half, p.seq, L.combine_rows_per_src, p.wait_stats, got, failed);
       __syncthreads();
       Trace(c, LlOp::kCombine, kTraceSignals);
+      StampWaitEnd(c, p.seq);
       for (int d = tid; d < R; d += kThreads) {
         if (!*failed && routed[d] != got[d]) {
           RecordError(c, kGpuBadMessage, LlOp::kCombine, d, p.seq, got[d]);
@@ -967,20 +1051,39 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
 // and `llep::kernels::cuda::combine`.
 __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  if (phase & kPhaseSend) DispatchSend(p, smem);
+  if (phase & kPhaseSend) {
+    StampSendStart(p.ctx, LlOp::kDispatch, p.seq);
+    DispatchSend(p, smem);
+  }
   if (phase & kPhaseRecv) {
     __syncthreads();
+    StampRecvStart(p.ctx, p.seq);
     DispatchRecv(p, smem);
+    StampRecvEnd(p.ctx, p.seq);
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  if (phase & kPhaseSend) CombineSend(p, smem);
+  if (phase & kPhaseSend) {
+    StampSendStart(p.ctx, LlOp::kCombine, p.seq);
+    CombineSend(p, smem);
+  }
   if (phase & kPhaseRecv) {
     __syncthreads();
+    StampRecvStart(p.ctx, p.seq);
     CombineRecv(p, smem);
+    StampRecvEnd(p.ctx, p.seq);
   }
+}
+
+// Metrics flush: a separate kernel so the two contract kernels keep their launch shape.
+__global__ void bin_finished_ops(LlDeviceContext c) { BinFinishedOps(c, 0); }
+
+cudaError_t FlushLlMetrics(const LlDeviceContext& ctx, cudaStream_t stream) {
+  if (ctx.metrics == nullptr) return cudaSuccess;
+  bin_finished_ops<<<1, 1, 0, stream>>>(ctx);
+  return cudaGetLastError();
 }
 
 int64_t DispatchSharedBytes(const protocol::LlShape& s) {

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "runtime/protocol/ll_layout.h"
+#include "runtime/protocol/metrics_layout.h"
 
 namespace llep::kernels::cuda {
 
@@ -68,6 +69,29 @@ enum TracePoint : int {
   kTracePoints = 16,
 };
 
+/// Metrics (runtime/protocol/metrics_layout.h), when on: the kernels add to the counter block themselves, so graph
+/// replays keep counting with no host work. An operation's latencies come from %globaltimer stamps in a ring of
+/// kStampSlots entries indexed by seq % kStampSlots: CTA 0 stores the phase starts and the end of its wait; the
+/// publishing CTAs and every CTA at the end of its receive work store their time with a max-reduction (no reset is
+/// needed between uses of a slot: a later operation's times are larger). The latencies are binned by the receive
+/// phase of a later operation (the last CTA's last thread, while the others wait for signals), when every launch before
+/// it has finished, or by FlushLlMetrics. The ring of 4 is enough: a send on slot s % 4 needs call s - 2 received (the
+/// in-flight rule), whose receive launch came after call s - 4's and bins it.
+struct OpStamps {
+  uint64_t send_start;  ///< send phase entered (CTA 0)
+  uint64_t send_end;    ///< max over the rank's signal publishes
+  uint64_t recv_start;  ///< receive phase entered (CTA 0)
+  uint64_t wait_end;    ///< every source's signal seen (CTA 0)
+  uint64_t recv_end;    ///< max over CTAs of the receive work's end
+  uint32_t seq;         ///< the call that owns the slot
+  uint32_t state;       ///< OpStampState
+  uint32_t op;          ///< protocol::LlOp
+  uint32_t reserved;
+};
+static_assert(sizeof(OpStamps) == 56, "host zero-fills kStampSlots of these");
+enum OpStampState : uint32_t { kStampEmpty = 0, kStampSent = 1, kStampReceiving = 2, kStampBinned = 3 };
+inline constexpr int kStampSlots = 4;
+
 /// Per-rank state every launch needs. POD, passed by value.
 struct LlDeviceContext {
   protocol::LlLayout layout;
@@ -79,6 +103,9 @@ struct LlDeviceContext {
   GpuErrorInfo* error = nullptr;    ///< device pointer to the mapped host error record
   uint64_t timeout_ns = 0;          ///< receive wait limit per signal
   uint64_t* trace = nullptr;        ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
+  uint64_t* metrics = nullptr;      ///< optional counter block (metrics_layout.h); null = metrics off
+  OpStamps* stamps = nullptr;       ///< [kStampSlots] latency stamps; set with metrics
+  protocol::MetricsLayout metrics_layout;
 };
 
 struct DispatchParams {
@@ -124,6 +151,11 @@ int64_t DispatchSharedBytes(const protocol::LlShape& shape);
 int64_t CombineSharedBytes(const protocol::LlShape& shape);
 /// Raises the kernels' dynamic shared-memory limit to `bytes` (call once per device before launching).
 cudaError_t ConfigureLlKernels(int64_t bytes);
+
+/// Bins the latencies of every operation whose receive phase has been launched before this call (stream order) into
+/// ctx.metrics: what a metrics snapshot runs first so the last operation's latencies are in it. A no-op when metrics
+/// are off. One thread; the kernel's name (bin_finished_ops) carries neither "dispatch" nor "combine".
+cudaError_t FlushLlMetrics(const LlDeviceContext& ctx, cudaStream_t stream);
 
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream);

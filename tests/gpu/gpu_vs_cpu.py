@@ -183,6 +183,7 @@ def _case(rank, case, gloo, log):
     wait_c = torch.zeros(R, dtype=torch.int64, device=dev)
     t0 = time.time()
     expected_stats = torch.zeros(E_loc, dtype=torch.int32)
+    expected_sent = torch.zeros(R, dtype=torch.int64)
     for it in range(iters):
         x, topk, w, y, ref = refs[it % len(refs)]
         got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, mode, hook, zero_copy, logfmt,
@@ -190,6 +191,8 @@ def _case(rank, case, gloo, log):
         torch.cuda.synchronize()
         gpu.check_errors()
         expected_stats += ref[2]
+        ids = topk[topk >= 0]
+        expected_sent += torch.bincount(ids // E_loc, minlength=R)
         e = _compare(ref, got, E_loc)
         if e:
             errs.extend(f'iter {it}: {m}' for m in e)
@@ -198,10 +201,35 @@ def _case(rank, case, gloo, log):
         errs.append('cumulative_local_expert_recv_stats differs')
     if not errs and (int(wait_d.min()) < 0 or int(wait_c.min()) < 0):
         errs.append('negative wait stats')
+    if not errs:
+        errs.extend(_check_metrics(gpu, iters, expected_stats, expected_sent))
     gpu.destroy()
     cpu.destroy()
     log({'case': name, 'rank': rank, 'ok': not errs, 'errors': errs[:8], 'gpu_iters': iters,
          'seconds': round(time.time() - t0, 2)})
+
+
+def _check_metrics(buf, ops, expected_recv, expected_sent):
+    """The kernels' own counters (metrics_layout.h) after `ops` dispatches and combines: exact token counts, one
+    latency entry per operation and phase, plausible latencies (send and wait within total)."""
+    errs = []
+    snap = buf.metrics_snapshot()
+    if not torch.equal(snap['expert_recv_tokens'], expected_recv.to(torch.int64)):
+        errs.append(f'metrics expert_recv_tokens {snap["expert_recv_tokens"].tolist()} != '
+                    f'{expected_recv.tolist()}')
+    if not torch.equal(snap['dispatch_selections'], expected_sent):
+        errs.append(f'metrics dispatch_selections {snap["dispatch_selections"].tolist()} != {expected_sent.tolist()}')
+    if snap['ops'] != {'dispatch': ops, 'combine': ops} or snap['timeouts'] != {'dispatch': 0, 'combine': 0}:
+        errs.append(f'metrics ops {snap["ops"]} timeouts {snap["timeouts"]}, expected {ops} ops each')
+    for op, phases in snap['latency'].items():
+        counts = {ph: h['count'] for ph, h in phases.items()}
+        if any(c != ops for c in counts.values()):
+            errs.append(f'metrics {op} histogram counts {counts} != {ops}')
+        total = phases['total']['sum_s']
+        if not (0 < phases['send']['sum_s'] <= total and 0 <= phases['recv_wait']['sum_s'] <= total and
+                total < ops * 1.0):
+            errs.append(f'metrics {op} latency sums implausible: { {ph: h["sum_s"] for ph, h in phases.items()} }')
+    return errs
 
 
 def _error_cases(rank, R, gloo, log):
@@ -250,6 +278,9 @@ def _error_cases(rank, R, gloo, log):
             errs.append('buffer still accepted calls after a timeout')
         except llep.LlepError:
             pass
+        timeouts = buf.metrics_snapshot()['timeouts']
+        if timeouts['dispatch'] < 1:
+            errs.append(f'metrics timeouts {timeouts}: the timed-out dispatch was not counted')
     log({'case': 'silent_peer_times_out', 'rank': rank, 'ok': not errs, 'errors': errs,
          'seconds': round(time.time() - t0, 2)})
     buf.destroy()
