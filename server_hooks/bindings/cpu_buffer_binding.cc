@@ -22,8 +22,9 @@ namespace {
 class PyCpuBuffer : public BufferHolder<CpuBuffer> {
  public:
   PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
-              double timeout_s, int proxy_threads) {
+              double timeout_s, int proxy_threads, bool metrics) {
     CpuBufferOptions opt;
+    opt.metrics = metrics;
     opt.provider = provider;
     opt.timeout = absl::Seconds(timeout_s);
     opt.num_proxy_threads = proxy_threads;
@@ -70,6 +71,11 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
 
   std::string transport() { return Live()->transport_name(); }
 
+  absl::Status SnapshotMetrics(std::vector<uint64_t>* out) override {
+    *out = Live()->MetricsSnapshot();
+    return absl::OkStatus();
+  }
+
  private:
   // Runs a send phase with the GIL released (it may wait on a full proxy ring) and wraps the pending op.
   template <typename SendFn>
@@ -89,10 +95,11 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
 void BindCpuBuffer(py::module_& m) {
   py::class_<PendingOp, std::shared_ptr<PendingOp>>(m, "PendingOp", "A sent operation waiting for its receive phase.")
       .def_property_readonly("seq", &PendingOp::seq);
-  py::class_<PyCpuBuffer>(m, "CpuBuffer", "One rank of the CPU backend (runtime/cpu_buffer.h).")
-      .def(py::init<int, int, int, int, int, py::function, const std::string&, double, int>(), py::arg("T"),
-           py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
-           py::arg("timeout_s"), py::arg("proxy_threads"))
+  py::class_<PyCpuBuffer> c(m, "CpuBuffer", "One rank of the CPU backend (runtime/cpu_buffer.h).");
+  BindMetricsMethods<PyCpuBuffer>(c);
+  c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool>(), py::arg("T"),
+        py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
+        py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true)
       .def("dispatch_send", &PyCpuBuffer::DispatchSend)
       .def("combine_send", &PyCpuBuffer::CombineSend)
       .def("receive", &PyCpuBuffer::Receive)

@@ -24,8 +24,9 @@ cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 class PyGpuBuffer : public BufferHolder<GpuBuffer> {
  public:
   PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s, int num_ctas,
-              bool kernel_trace) {
+              bool kernel_trace, bool metrics) {
     GpuBufferOptions opt;
+    opt.metrics = metrics;
     opt.kernel_trace = kernel_trace;
     opt.device = device;
     opt.timeout = absl::Seconds(timeout_s);
@@ -66,6 +67,15 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
   uintptr_t NextCombineBuffer() { return reinterpret_cast<uintptr_t>(Live()->NextCombineBuffer()); }
   int num_ctas() { return Live()->num_ctas(); }
   int device() { return Live()->device(); }
+  absl::Status SnapshotMetrics(std::vector<uint64_t>* out) override {
+    auto w = Live()->MetricsSnapshot();
+    if (!w.ok()) return w.status();
+    *out = *std::move(w);
+    return absl::OkStatus();
+  }
+  /// Queues the binning of every received operation's latencies on `stream` (before a snapshot that must hold them).
+  void FlushMetrics(uintptr_t stream) { ThrowIfError(Live()->FlushMetrics(Stream(stream))); }
+
   std::vector<uint64_t> KernelTrace() {
     auto t = Live()->KernelTrace();
     ThrowIfError(t.status());
@@ -79,10 +89,12 @@ void BindGpuBuffer(py::module_& m) {
   py::class_<GpuPendingOp, std::shared_ptr<GpuPendingOp>>(m, "GpuPendingOp",
                                                           "A queued send phase waiting for its receive launch.")
       .def_property_readonly("seq", [](const GpuPendingOp& op) { return op.seq; });
-  py::class_<PyGpuBuffer>(m, "GpuBuffer", "One rank of the NVLink GPU backend (runtime/gpu_buffer.h).")
-      .def(py::init<int, int, int, int, int, py::function, int, double, int, bool>(), py::arg("T"), py::arg("H"),
-           py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("device"), py::arg("timeout_s"),
-           py::arg("num_ctas"), py::arg("kernel_trace") = false)
+  py::class_<PyGpuBuffer> c(m, "GpuBuffer", "One rank of the NVLink GPU backend (runtime/gpu_buffer.h).");
+  BindMetricsMethods<PyGpuBuffer>(c);
+  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool>(), py::arg("T"), py::arg("H"),
+        py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("device"), py::arg("timeout_s"),
+        py::arg("num_ctas"), py::arg("kernel_trace") = false, py::arg("metrics") = true)
+      .def("flush_metrics", &PyGpuBuffer::FlushMetrics)
       .def("dispatch", &PyGpuBuffer::Dispatch)
       .def("combine", &PyGpuBuffer::Combine)
       .def("receive", &PyGpuBuffer::Receive)

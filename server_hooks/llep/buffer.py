@@ -16,6 +16,10 @@ Environment: LLEP_BACKEND ('cuda' / 'cpu'), LLEP_TIMEOUT_S (default 30: a silent
 after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_KERNEL_TRACE=1 (GPU: the kernels
 record a diagnostic timeline, read with `runtime.kernel_trace()`), LLEP_FABRIC_PROVIDER (CPU: default 'shm';
 'tcp;ofi_rxm' also works on loopback), LLEP_PROXY_THREADS (CPU: default 1).
+Metrics (metrics/README.md): LLEP_METRICS=0 switches the device counters off (default on); LLEP_METRICS_PORT=P
+starts a Prometheus exporter per rank on LLEP_METRICS_ADDR (default 127.0.0.1) port P + local rank (LOCAL_RANK,
+else the rank), with constant labels from LLEP_METRICS_LABELS ("model_name=m,engine=sglang") and a snapshot every
+LLEP_METRICS_INTERVAL_S seconds (default 1).
 """
 import os
 import threading
@@ -140,6 +144,8 @@ class Buffer:
         self._timeout_s = float(os.environ.get('LLEP_TIMEOUT_S', '30'))
         self._proxy_threads = int(os.environ.get('LLEP_PROXY_THREADS', '1'))
         self._num_ctas = int(os.environ.get('LLEP_NUM_CTAS', '0'))
+        self._metrics = os.environ.get('LLEP_METRICS', '1') != '0'
+        self.metrics_port: Optional[int] = None  # the exporter's bound port once started
         self._destroyed = False
         self._device: Optional[torch.device] = None
         default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
@@ -171,15 +177,80 @@ class Buffer:
             self._device = torch.device('cuda', torch.cuda.current_device())
             self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
                                            self._device.index, self._timeout_s, self._num_ctas,
-                                           os.environ.get('LLEP_KERNEL_TRACE', '0') == '1')
+                                           os.environ.get('LLEP_KERNEL_TRACE', '0') == '1', self._metrics)
         elif self.backend == 'cpu':
             self._device = torch.device('cpu')
             self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
-                                           self._provider, self._timeout_s, self._proxy_threads)
+                                           self._provider, self._timeout_s, self._proxy_threads, self._metrics)
         else:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
+        port = os.environ.get('LLEP_METRICS_PORT')
+        if port is not None and self._metrics:
+            local = int(os.environ.get('LOCAL_RANK', self.rank))
+            labels = dict(kv.split('=', 1) for kv in os.environ.get('LLEP_METRICS_LABELS', '').split(',') if kv)
+            self.start_metrics_exporter(int(port) + local if int(port) > 0 else int(port),
+                                        os.environ.get('LLEP_METRICS_ADDR', '127.0.0.1'), labels,
+                                        float(os.environ.get('LLEP_METRICS_INTERVAL_S', '1')))
         return self.runtime
+
+    # ------------------------------------------------------------------------------------------ metrics (llep)
+
+    def _metrics_runtime(self) -> Any:
+        if self.runtime is None:
+            raise _llep.LlepFailedPreconditionError(
+                'metrics start with the buffer: make a low-latency call (or clean_low_latency_buffer) first')
+        if self.runtime.metrics_shape == (0, 0):
+            raise _llep.LlepFailedPreconditionError('metrics are off for this buffer (LLEP_METRICS=0)')
+        return self.runtime
+
+    def metrics_snapshot(self, flush: bool = True) -> Dict[str, Any]:
+        """Plain values for an engine's own registry (llep addition). The counters are monotonic totals since the
+        buffer was created, counted by the kernels (or the CPU backend) themselves, so they keep counting under
+        CUDA-graph replay. Keys: ops / timeouts ({'dispatch': n, 'combine': n}); latency: per op and phase
+        ('send', 'recv_wait', 'total') a dict with 'bounds_s' (bucket upper bounds), 'counts' (per bucket, the
+        last one +Inf, not cumulative), 'sum_s', 'count'; recv_wait_s: per op a float64 tensor [group_size];
+        dispatch_selections: int64 [group_size] ((token, expert) selections sent per destination rank);
+        expert_recv_tokens: int64 [num_local_experts] (equals the sum of recv_count over dispatches).
+        On the GPU an operation's latencies are binned by a later operation's receive launch; `flush` first
+        queues that binning on the current stream and waits for it (the only synchronisation here)."""
+        runtime = self._metrics_runtime()
+        if flush and self._gpu:
+            runtime.flush_metrics(torch.cuda.current_stream(self._device).cuda_stream)
+            torch.cuda.current_stream(self._device).synchronize()
+        raw = runtime.metrics_snapshot()
+        ops = ('dispatch', 'combine')
+        phases = ('send', 'recv_wait', 'total')
+        bounds = [b / 1e9 for b in raw['latency_bounds_ns']]
+        latency = {op: {ph: {'bounds_s': bounds, 'counts': list(raw['latency_buckets'][i][j]),
+                             'sum_s': raw['latency_sum_ns'][i][j] / 1e9,
+                             'count': int(sum(raw['latency_buckets'][i][j]))}
+                        for j, ph in enumerate(phases)} for i, op in enumerate(ops)}
+        return {
+            'ops': dict(zip(ops, raw['ops'])),
+            'timeouts': dict(zip(ops, raw['timeouts'])),
+            'latency': latency,
+            'recv_wait_s': {op: torch.tensor(raw['recv_wait_ns'][i], dtype=torch.float64) / 1e9
+                            for i, op in enumerate(ops)},
+            'dispatch_selections': torch.tensor(raw['dispatch_selections'], dtype=torch.int64),
+            'expert_recv_tokens': torch.tensor(raw['expert_recv_tokens'], dtype=torch.int64),
+        }
+
+    def start_metrics_exporter(self, port: int = 0, address: str = '127.0.0.1',
+                               labels: Optional[Dict[str, str]] = None, interval_s: float = 1.0) -> int:
+        """Starts this rank's Prometheus exporter (llep addition): a collector thread snapshots the counters every
+        interval_s without touching the caller's streams, and /metrics is served on address:port (port 0: an
+        ephemeral one). Returns the bound port (also in self.metrics_port)."""
+        if interval_s <= 0:
+            raise _invalid(f'interval_s must be positive, got {interval_s}')
+        runtime = self._metrics_runtime()
+        self.metrics_port = runtime.start_metrics_exporter(address, int(port), dict(labels or {}), float(interval_s))
+        return self.metrics_port
+
+    def stop_metrics_exporter(self) -> None:
+        if self.runtime is not None:
+            self.runtime.stop_metrics_exporter()
+        self.metrics_port = None
 
     @property
     def _gpu(self) -> bool:

@@ -1,6 +1,6 @@
 """llep.Buffer on the CPU backend: 4 processes, gloo group, DeepEP V1 test-style checks (counts, layout ranges,
 src_info, values, combine vs sum_k w * x) for BF16, FP8, FP8 round_scale and UE8M0 dispatch, with and without
-receive hooks, a hook run from another thread, zero-copy combine, determinism and argument errors."""
+receive hooks, a hook run from another thread, zero-copy combine, determinism, metrics and argument errors."""
 import datetime
 import os
 import socket
@@ -139,6 +139,48 @@ def _check_round(buf, rank, seed, use_fp8, round_scale, use_ue8m0, hook_mode, th
     assert torch.equal(again.view(torch.int16), combined.view(torch.int16))
 
 
+def _check_metrics(buf, rank, rounds):
+    """The counters after `rounds` rounds of _check_round (one dispatch and two combines each) are exact: tokens
+    per local expert = every source's selections of them, selections per destination = this rank's routing, one
+    histogram entry per operation and phase; the exporter serves the same numbers on loopback."""
+    import urllib.request
+    E_loc = E // R
+    want_recv = torch.zeros(E_loc, dtype=torch.int64)
+    want_sent = torch.zeros(R, dtype=torch.int64)
+    for s in range(1, rounds + 1):
+        for src in range(R):
+            ids = _inputs(src, s)[1]
+            ids = ids[ids >= 0]
+            mine = ids[ids // E_loc == rank] - rank * E_loc
+            want_recv += torch.bincount(mine, minlength=E_loc)
+            if src == rank:
+                want_sent += torch.bincount(ids // E_loc, minlength=R)
+    snap = buf.metrics_snapshot()
+    assert torch.equal(snap['expert_recv_tokens'], want_recv)
+    assert torch.equal(snap['dispatch_selections'], want_sent)
+    assert snap['ops'] == {'dispatch': rounds, 'combine': 2 * rounds}
+    assert snap['timeouts'] == {'dispatch': 0, 'combine': 0}
+    for op, n in snap['ops'].items():
+        for phase, h in snap['latency'][op].items():
+            assert h['count'] == n and len(h['counts']) == len(h['bounds_s']) + 1, (op, phase)
+            assert h['sum_s'] > 0, (op, phase)
+        wait = snap['recv_wait_s'][op]
+        assert wait.shape == (R,) and bool((wait >= 0).all())
+    port = buf.start_metrics_exporter(port=0, labels={'model_name': 'cpu-test'})
+    assert port > 0 and buf.metrics_port == port
+    with pytest.raises(llep.LlepFailedPreconditionError, match='already running'):
+        buf.start_metrics_exporter(port=0)
+    text = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()
+    assert f'llep_ops_total{{model_name="cpu-test",rank="{rank}",op="dispatch"}} {rounds}' in text
+    for le in range(E_loc):
+        g = rank * E_loc + le
+        assert (f'llep_expert_recv_tokens_total{{model_name="cpu-test",rank="{rank}",expert="{g}",'
+                f'local_expert="{le}"}} {int(want_recv[le])}') in text
+    buf.stop_metrics_exporter()
+    with pytest.raises(ValueError, match='interval_s'):
+        buf.start_metrics_exporter(interval_s=0)
+
+
 def _worker(rank, port, provider):
     os.environ['LLEP_FABRIC_PROVIDER'] = provider
     os.environ['LLEP_TIMEOUT_S'] = '30'
@@ -156,6 +198,8 @@ def _worker(rank, port, provider):
             seed += 1
             _check_round(buf, rank, seed, use_fp8, round_scale, use_ue8m0, hook_mode,
                          threaded_hook=hook_mode and seed % 2 == 0, zero_copy=seed % 3 == 0)
+
+    _check_metrics(buf, rank, seed)
 
     # Argument errors are raised before anything is sent (all ranks make the same bad call, nobody hangs).
     x, topk, w = _inputs(rank, 99)
