@@ -153,8 +153,8 @@ __device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op
   st.state = kStampSent;
 }
 
-/// Receive phase entered (CTA 0, thread 0). A receive launch without the send stamps (metrics switched on between
-/// the two phases) leaves the slot alone.
+/// Receive phase entered (CTA 0, thread 0). A slot that does not hold this call's send stamps (only possible if
+/// more calls were in flight than the ring covers, which the host refuses) is left alone: no latency is invented.
 __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq) {
   if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
   OpStamps& st = StampSlot(c, seq);
