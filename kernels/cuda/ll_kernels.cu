@@ -1045,36 +1045,36 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
   Trace(c, LlOp::kCombine, kTraceRecvEnd);
 }
 
+/// A launch of one operation: its send phase, its receive phase, or both (kPhaseBoth), with the metrics stamps
+/// around them. The two public kernels differ only in their phase functions.
+template <typename Params>
+__device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
+                                          void (*send)(const Params&, uint8_t*),
+                                          void (*recv)(const Params&, uint8_t*)) {
+  if (phase & kPhaseSend) {
+    StampSendStart(p.ctx, op, p.seq);
+    send(p, smem);
+  }
+  if (phase & kPhaseRecv) {
+    __syncthreads();
+    StampRecvStart(p.ctx, p.seq);
+    recv(p, smem);
+    StampRecvEnd(p.ctx, p.seq);
+  }
+}
+
 }  // namespace
 
 // The two public kernels. Names are part of the contract (ll_kernels.h): demangled `llep::kernels::cuda::dispatch`
 // and `llep::kernels::cuda::combine`.
 __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  if (phase & kPhaseSend) {
-    StampSendStart(p.ctx, LlOp::kDispatch, p.seq);
-    DispatchSend(p, smem);
-  }
-  if (phase & kPhaseRecv) {
-    __syncthreads();
-    StampRecvStart(p.ctx, p.seq);
-    DispatchRecv(p, smem);
-    StampRecvEnd(p.ctx, p.seq);
-  }
+  RunPhases(p, LlOp::kDispatch, phase, smem, DispatchSend, DispatchRecv);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  if (phase & kPhaseSend) {
-    StampSendStart(p.ctx, LlOp::kCombine, p.seq);
-    CombineSend(p, smem);
-  }
-  if (phase & kPhaseRecv) {
-    __syncthreads();
-    StampRecvStart(p.ctx, p.seq);
-    CombineRecv(p, smem);
-    StampRecvEnd(p.ctx, p.seq);
-  }
+  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend, CombineRecv);
 }
 
 // Metrics flush: a separate kernel so the two contract kernels keep their launch shape.
