@@ -163,8 +163,6 @@ void BindMetricsMethods(PyClass& c) {
   namespace py = pybind11;
   c.def_property_readonly("metrics_shape", &Holder::metrics_shape,
                           "(num_ranks, num_local_experts) of the counter block; (0, 0) when metrics are off")
-      .def("metrics_words", &Holder::MetricsWords,
-           "A copy of the counter block (runtime/protocol/metrics_layout.h word order)")
       .def("metrics_snapshot", &Holder::MetricsSnapshot, "The counter block decoded into lists ({} when off)")
       .def("start_metrics_exporter", &Holder::StartMetricsExporter, py::arg("address"), py::arg("port"),
            py::arg("labels"), py::arg("interval_s"),
