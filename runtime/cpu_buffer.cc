@@ -150,7 +150,7 @@ uint16_t* CpuBuffer::NextCombineBuffer() const {
 absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
   if (closed_) return absl::FailedPreconditionError("buffer is closed");
   if (proxy_ != nullptr && proxy_->failed()) return base::Annotate(proxy_->status(), "proxy failed earlier");
-  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin(OpName(op)));
+  LLEP_ASSIGN_OR_RETURN(const uint32_t seq, calls_.Begin(op));
   calls_.AwaitReceive(seq);
   return seq;
 }

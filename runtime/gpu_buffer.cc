@@ -40,10 +40,12 @@ struct RegionBlob {
 };
 constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 
-// The device workspace in 64-bit words: [2 halves][2 ops][R] completion counters, then one word holding the two
-// 32-bit flags (ll_kernels.h LlDeviceContext).
+// The device workspace: [2 halves][2 ops][R] 64-bit completion counters, one 64-bit word holding the two 32-bit
+// flags, then, 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h
+// LlDeviceContext, LlCallState). All of it starts zeroed.
 int64_t WorkspaceCounters(int R) { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
-size_t WorkspaceBytes(int R) { return static_cast<size_t>(WorkspaceCounters(R) + 1) * sizeof(uint64_t); }
+int64_t CallStateOffset(int R) { return protocol::AlignUp((WorkspaceCounters(R) + 1) * 8, 128); }
+size_t WorkspaceBytes(int R) { return static_cast<size_t>(CallStateOffset(R)) + sizeof(kernels::cuda::LlCallState); }
 
 size_t TraceBytes(int num_ctas) {
   return sizeof(uint64_t) * protocol::kNumLlOps * num_ctas * kernels::cuda::kTracePoints;
@@ -201,6 +203,8 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.local = region_;
   ctx_.done = d_workspace_;
   ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + WorkspaceCounters(R));
+  ctx_.calls =
+      reinterpret_cast<kernels::cuda::LlCallState*>(reinterpret_cast<uint8_t*>(d_workspace_) + CallStateOffset(R));
   ctx_.error = d_error_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   ctx_.trace = d_trace_;
@@ -246,6 +250,17 @@ absl::Status GpuBuffer::CheckErrors() {
   return CheckErrorsLocked(nullptr);
 }
 
+absl::Status GpuBuffer::RearmErrorRecord(cudaStream_t stream) {
+  if (!rearm_) return absl::OkStatus();
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (stream != nullptr) LLEP_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ctx_.flags, 0, 4, stream));
+  rearm_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
   if (closed_) return absl::FailedPreconditionError("buffer is closed");
   if (!fatal_.ok()) {
@@ -254,7 +269,11 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
   }
   volatile GpuErrorInfo* e = h_error_;
   const uint32_t code = e->code;
-  if (code == kernels::cuda::kGpuOk) return absl::OkStatus();
+  if (code == kernels::cuda::kGpuOk) {
+    const absl::Status rearm = RearmErrorRecord(stream);
+    if (!rearm.ok()) fatal_ = rearm;
+    return rearm;
+  }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the kernel stored the fields before the code
   const LlOp op = e->op == 0 ? LlOp::kDispatch : LlOp::kCombine;
   const int peer = e->peer;
@@ -282,6 +301,25 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
                        " within ", absl::FormatDuration(options_.timeout),
                        " (peer dead, stalled, or calling a different sequence of operations)"));
       break;
+    case kernels::cuda::kGpuInFlight:
+      s = absl::FailedPreconditionError(absl::StrCat(
+          where, "its buffer half still held call ", detail,
+          ", whose receive (hook) had not run: at most two low-latency operations may be in flight per buffer "
+          "(a captured graph that sends without receiving was replayed again before its receive ran)"));
+      break;
+    case kernels::cuda::kGpuBadReceive:
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "GPU ", OpName(op), " receive (hook, call tag ", detail,
+          "): its operation was not waiting for it (already received, or its send never ran): a graph holding "
+          "the receive was replayed without a new replay of the send"));
+      break;
+    case kernels::cuda::kGpuRegionBusy:
+      s = absl::FailedPreconditionError(absl::StrCat(
+          where, "it would overwrite, on its peers, the receive region of the previous ", OpName(op),
+          " in its buffer half before they are known to have received it (nothing was sent): between that "
+          "receive and this send, this rank must send and receive another operation, e.g. alternate dispatch and "
+          "combine (replayed graphs broke the rule; runtime/call_sequence.h)"));
+      break;
     case kernels::cuda::kGpuSequenceOverrun:
       s = absl::DataLossError(absl::StrCat(where, "rank ", peer, " already signalled call ", detail,
                                            " into the same half: more operations were in flight than allowed"));
@@ -294,10 +332,11 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
       break;
   }
   if (code == kernels::cuda::kGpuBadExpertId || code == kernels::cuda::kGpuBadLayoutRange) {
-    // Recoverable: the kernels kept the buffer consistent. Re-arm the record behind the work already queued.
+    // Recoverable: the kernels kept the buffer consistent. Re-arm the record behind the work already queued, but not
+    // into a graph being captured (every replay would re-arm it): then the next call outside a capture does it.
     e->code = 0;
-    cudaSetDevice(device_);
-    const absl::Status clear = CudaStatus(cudaMemsetAsync(ctx_.flags, 0, 4, stream), "re-arming");
+    rearm_ = true;
+    const absl::Status clear = RearmErrorRecord(stream);
     if (!clear.ok()) fatal_ = clear;
     return s;
   }
@@ -346,10 +385,17 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
 absl::StatusOr<GpuPendingOp> GpuBuffer::Send(GpuPendingOp op, bool split, cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
   LLEP_RETURN_IF_ERROR(CheckErrorsLocked(stream));
-  LLEP_ASSIGN_OR_RETURN(op.seq, calls_.Begin(OpName(op.op)));
-  op.dispatch.seq = op.combine.seq = op.seq;
+  LLEP_ASSIGN_OR_RETURN(op.seq, calls_.Begin(op.op));
+  // The host's sequence only checks the in-flight rule in issue order; the kernels number operations themselves and
+  // pair a receive launch with its send by this tag (ll_kernels.h LlCallState), so graph replays stay consistent.
+  if (++last_tag_ == 0) last_tag_ = 1;
+  op.dispatch.call_tag = op.combine.call_tag = last_tag_;
   LLEP_RETURN_IF_ERROR(Launch(op, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, stream));
-  if (split) calls_.AwaitReceive(op.seq);
+  if (split) {
+    calls_.AwaitReceive(op.seq);
+  } else {
+    calls_.Completed(op.seq);
+  }
   return op;
 }
 
@@ -373,8 +419,7 @@ absl::Status GpuBuffer::Launch(const GpuPendingOp& op, kernels::cuda::LlPhase ph
 }
 
 uint16_t* GpuBuffer::NextCombineBuffer() const {
-  absl::MutexLock lock(&mu_);
-  return reinterpret_cast<uint16_t*>(region_ + layout_.CombineSendOffset(protocol::HalfOfSeq(calls_.next()), 0, 0));
+  return reinterpret_cast<uint16_t*>(region_ + layout_.CombineSendOffset(kernels::cuda::kZeroCopyHalf, 0, 0));
 }
 
 absl::StatusOr<std::vector<uint64_t>> GpuBuffer::KernelTrace() {
@@ -397,8 +442,15 @@ absl::StatusOr<std::vector<uint64_t>> GpuBuffer::MetricsSnapshot() {
   if (d_metrics_ == nullptr || h_metrics_ == nullptr) return out;
   const size_t bytes = static_cast<size_t>(metrics_layout_.num_bytes());
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // collector threads start on device 0
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_metrics_, d_metrics_, bytes, cudaMemcpyDeviceToHost, metrics_stream_));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(metrics_stream_));
+  // The collector thread may snapshot while another thread captures a graph in global mode (torch.cuda.graph's
+  // default), which forbids this thread's synchronising calls and would invalidate that capture. The copy and the
+  // wait touch only this private stream, so this thread opts out of the prohibition (relaxed) for their duration.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaError_t e = cudaMemcpyAsync(h_metrics_, d_metrics_, bytes, cudaMemcpyDeviceToHost, metrics_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(metrics_stream_);
+  cudaThreadExchangeStreamCaptureMode(&mode);  // restores the caller's mode
+  LLEP_RETURN_IF_ERROR(CudaStatus(e, "copying the metrics counters"));
   out.assign(h_metrics_, h_metrics_ + metrics_layout_.num_words());
   return out;
 }

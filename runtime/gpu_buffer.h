@@ -11,8 +11,18 @@
 // Because errors surface on the next call (or CheckErrors()), a caller that must know a specific call's outcome
 // synchronises its stream and calls CheckErrors().
 //
-// In-flight rule: as the CPU backend (cpu_buffer.h): a send is refused while the operation two calls earlier is
-// unreceived, and all launches on one buffer must be ordered on one stream (or by events) as DeepEP requires.
+// Graph safety: the kernels number the operations and pick the buffer half themselves (ll_kernels.h LlCallState), so
+// any mix of eager calls and replays of captured graphs (any number of calls per graph, several graphs of different
+// batch sizes on one buffer) stays consistent. No call synchronises the host, so every call may be captured.
+//
+// In-flight rule: at most two operations hold buffer state: a send needs the operation that last used its half (two
+// sends earlier) received, i.e. its receive launch queued before. The host refuses a violating call in issue order
+// (FailedPrecondition, as the CPU backend); the kernels check it again per replay, where the host cannot see, and
+// record a fatal kGpuInFlight / kGpuBadReceive (a graph that only sends, replayed a third time before a receive; a
+// graph that only receives, replayed more often than its send). All
+// launches on one buffer must be ordered on one stream (or by events), as DeepEP requires. Results are written to the
+// caller's tensors, so they stay valid after the half is reused; only the zero-copy staging is shared (see
+// NextCombineBuffer).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -68,7 +78,9 @@ class GpuBuffer {
   /// Reads the kernels' error record (no device synchronisation). OK when no kernel reported anything.
   absl::Status CheckErrors();
 
-  /// bf16 [E/R, R*T, combine_row_stride] staging of the half the next call uses (DeepEP zero-copy buffer).
+  /// bf16 [E/R, R*T, combine_row_stride] staging a zero-copy combine reads (DeepEP's zero-copy buffer). One fixed area
+  /// for every call (ll_kernels.h kZeroCopyHalf), so a captured graph may hold its address; write it after the
+  /// previous combine's send in stream order.
   uint16_t* NextCombineBuffer() const;
   int64_t combine_buffer_row_stride() const { return layout_.combine_stride / 2; }
 
@@ -99,6 +111,8 @@ class GpuBuffer {
   absl::Status InitLocal();                          // device, limits, allocations
   absl::Status Exchange(const absl::Status& local);  // IPC handles (collective), peer mapping
   absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Clears the device's error claim after a recoverable error, on `stream` unless it is being captured.
+  absl::Status RearmErrorRecord(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Queues an operation's send phase (or both phases) under the next sequence number.
   absl::StatusOr<GpuPendingOp> Send(GpuPendingOp op, bool split, cudaStream_t stream);
   absl::Status Launch(const GpuPendingOp& op, kernels::cuda::LlPhase phase, cudaStream_t stream);
@@ -125,8 +139,10 @@ class GpuBuffer {
   uint64_t* h_metrics_ ABSL_GUARDED_BY(metrics_mu_) = nullptr;          // pinned staging of the snapshot
   kernels::cuda::LlDeviceContext ctx_;                                  // what every launch passes (fixed after Init)
   mutable absl::Mutex mu_;
-  CallSequence calls_ ABSL_GUARDED_BY(mu_);  // sequence numbers and the in-flight rule
-  absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // sticky error after a timeout / overrun
+  CallSequence calls_ ABSL_GUARDED_BY(mu_);     // sequence numbers and the in-flight rule
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);     // sticky error after a timeout / overrun
+  uint32_t last_tag_ ABSL_GUARDED_BY(mu_) = 0;  // the last send's call tag (unique per send, never 0)
+  bool rearm_ ABSL_GUARDED_BY(mu_) = false;     // a recoverable error was reported; the device claim is not cleared yet
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -79,7 +79,7 @@ __device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePo
 // ------------------------------------------------------------------------------------------ errors
 
 __device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq, int64_t detail) {
-  const bool fatal = code == kGpuTimeout || code == kGpuSequenceOverrun || code == kGpuBadMessage;
+  const bool fatal = code != kGpuBadExpertId && code != kGpuBadLayoutRange;
   // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
   if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == kGpuTimeout && c.metrics != nullptr) {
     atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op))), 1ull);
@@ -549,11 +549,11 @@ __device__ __forceinline__ void EncodeChunk(const DispatchParams& p, ChunkPayloa
   if (p.mode.use_fp8) cp.code = EncodeFp8x16(cp.a, cp.b, p.mode.round_scale, &cp.scale_inv);
 }
 
-__device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
+__device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
-  const int K = p.num_topk, half = protocol::HalfOfSeq(p.seq);
+  const int K = p.num_topk, half = protocol::HalfOfSeq(seq);
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   auto* sh = reinterpret_cast<DispatchSendShared*>(smem);
@@ -574,7 +574,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
       const int t = t0 + tid;
       bool hit_any = false;
       if (t < p.num_tokens) {
-        WithTokenIds(c, p.topk_idx, t, K, LlOp::kDispatch, p.seq, [&](const auto& ids) {
+        WithTokenIds(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const auto& ids) {
 #pragma unroll
           for (int k = 0; k < Len(ids); ++k) {
             const bool hit = ids[k] >= 0 && ids[k] / E_loc == d;
@@ -610,7 +610,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
     const bool first_is_payload = warp < n * (num_chunks + 1) && warp % (num_chunks + 1) < num_chunks;
     const ChunkPayload first =
         first_is_payload ? LoadChunk(p, item_token(warp), warp % (num_chunks + 1)) : ChunkPayload{};
-    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kDispatch, p.seq, scratch, sh->plan);
+    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kDispatch, seq, scratch, sh->plan);
     __syncthreads();
     if (round == 0) Trace(c, LlOp::kDispatch, kTracePlanned);
     for (int item = warp; item < n * (num_chunks + 1); item += kWarps) {
@@ -656,7 +656,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
             const int wd = lane * 4 + i;
             if (wd == 0) words[i] = static_cast<uint32_t>(t);
             if (wd == 1) words[i] = static_cast<uint32_t>(num_sel) | (protocol::kDispatchMsgVersion << 16);
-            if (wd == 2) words[i] = p.seq;
+            if (wd == 2) words[i] = seq;
             if (wd == 3) words[i] = fp8 ? protocol::kMsgFlagFp8 : 0u;
           }
           uint8_t* hdr = base + L.RouteHeaderOffset(L.RouteRecvOffset(half, c.rank), pl.slot[k]);
@@ -678,7 +678,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint8_t* smem) {
   }
   k_dst = 0;
   for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
-    if (tid == 0) PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), p.seq);
+    if (tid == 0) PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
   }
 }
 
@@ -714,13 +714,13 @@ __device__ __forceinline__ void LoadScalePass(const float* scales, int num_scale
   }
 }
 
-__device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
+__device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows();
-  const int half = protocol::HalfOfSeq(p.seq), num_scales = L.shape.num_scales();
+  const int half = protocol::HalfOfSeq(seq), num_scales = L.shape.num_scales();
   const int num_packed = L.shape.num_packed_ue8m0();
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
@@ -734,16 +734,16 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
   if (tid == 0) *failed = 0;
   __syncthreads();
-  WaitAllSources(c, LlOp::kDispatch, half, p.seq, T, p.wait_stats, msg_start, failed);  // messages per source
+  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_stats, msg_start, failed);  // messages per source
   __syncthreads();
   Trace(c, LlOp::kDispatch, kTraceSignals);
-  StampWaitEnd(c, p.seq);
+  StampWaitEnd(c, seq);
   if (*failed) return;
   for (int i = tid; i < E; i += kThreads) {
     const int src = i / E_loc, le = i % E_loc;
     const uint32_t v = reinterpret_cast<const uint32_t*>(c.local + L.RouteRecvOffset(half, src))[le];
     if (v > static_cast<uint32_t>(T)) {
-      RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, p.seq, -1);
+      RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, -1);
       *failed = 1;
     }
     cnt[i] = static_cast<int>(v);
@@ -785,11 +785,11 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
     const int src_token = static_cast<int>(__shfl_sync(kFull, word, 0));
     const uint32_t w1 = __shfl_sync(kFull, word, 1);
     const int num_sel = static_cast<int>(w1 & 0xFFFF);
-    const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && __shfl_sync(kFull, word, 2) == p.seq &&
+    const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && __shfl_sync(kFull, word, 2) == seq &&
                     ((__shfl_sync(kFull, word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 &&
                     num_sel <= kK && src_token >= 0 && src_token < T;
     if (!ok) {
-      if (lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, p.seq, j);
+      if (lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, j);
       continue;
     }
     // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
@@ -807,7 +807,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
         p.src_info[my_row] = src_token;
       }
     }
-    if (__any_sync(kFull, bad) && lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, p.seq, j);
+    if (__any_sync(kFull, bad) && lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, j);
     const unsigned targets = __ballot_sync(kFull, my_row >= 0);
     // The payload goes through registers: loaded once per pass, stored to every selection's row.
     for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
@@ -852,13 +852,13 @@ __device__ void DispatchRecv(const DispatchParams& p, uint8_t* smem) {
 
 // ------------------------------------------------------------------------------------------ combine
 
-__device__ void CombineSend(const CombineParams& p, uint8_t* smem) {
+__device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
-  const int half = protocol::HalfOfSeq(p.seq);
+  const int half = protocol::HalfOfSeq(seq);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   // Shared: count and begin (row in the expert's packed block) indexed q = le * R + d as layout_range; pos, the
   // same counts indexed d * E_loc + le and scanned (the home rank's receive area holds its blocks in local-expert
@@ -876,7 +876,7 @@ __device__ void CombineSend(const CombineParams& p, uint8_t* smem) {
     const int64_t v = p.layout_range[q];
     const int64_t n = v & 0xFFFFFFFF, b = v >> 32;
     const bool ok = n <= T && b >= 0 && b + n <= rows;
-    if (!ok) RecordError(c, kGpuBadLayoutRange, LlOp::kCombine, q % R, p.seq, q);
+    if (!ok) RecordError(c, kGpuBadLayoutRange, LlOp::kCombine, q % R, seq, q);
     cnt[q] = ok ? static_cast<int>(n) : 0;
     beg[q] = ok ? static_cast<int>(b) : 0;
     pos[(q % R) * E_loc + q / R] = cnt[q];
@@ -886,7 +886,7 @@ __device__ void CombineSend(const CombineParams& p, uint8_t* smem) {
   for (int d = tid; d < R; d += kThreads) {
     const int n = (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc];
     const bool ok = n <= L.combine_rows_per_src;  // more rows than the home rank's receive area holds: send none
-    if (!ok) RecordError(c, kGpuBadLayoutRange, LlOp::kCombine, d, p.seq, n);
+    if (!ok) RecordError(c, kGpuBadLayoutRange, LlOp::kCombine, d, seq, n);
     rows_to[d] = ok ? n : -1;
   }
   __syncthreads();
@@ -899,7 +899,7 @@ __device__ void CombineSend(const CombineParams& p, uint8_t* smem) {
     const int q = FindBlock(start, E, m), le = q / R, d = q % R, i = m - start[q];
     const int64_t src_row = beg[q] + i;
     const uint8_t* src = p.x != nullptr ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
-                                        : c.local + L.CombineSendOffset(half, le, src_row);
+                                        : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
     uint8_t* dst =
         PeerBase(c, lane_peer, d) + L.CombineRecvOffset(half, c.rank, pos[d * E_loc + le] - pos[d * E_loc] + i);
     for (int64_t base = 0; base < row_bytes; base += kCopyPassBytes) {
@@ -916,7 +916,7 @@ __device__ void CombineSend(const CombineParams& p, uint8_t* smem) {
   __syncthreads();
   Trace(c, LlOp::kCombine, kTraceCounterDone);
   for (int d = blockIdx.x; tid == 0 && d < R; d += G) {
-    PublishWhenDone(c, LlOp::kCombine, half, d, static_cast<uint32_t>(max(rows_to[d], 0)), p.seq);
+    PublishWhenDone(c, LlOp::kCombine, half, d, static_cast<uint32_t>(max(rows_to[d], 0)), seq);
   }
 }
 
@@ -949,12 +949,12 @@ __device__ __forceinline__ void ReduceChunk(const uint8_t* local, const CombineR
   }
 }
 
-__device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
+__device__ void CombineRecv(const CombineParams& p, uint32_t seq, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
   const int E = L.shape.num_experts, K = p.num_topk;
-  const int half = protocol::HalfOfSeq(p.seq);
+  const int half = protocol::HalfOfSeq(seq);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   // Shared: failed, warp sums, got[R] (rows each source announced), routed[R] (rows this rank routed to each
   // expert rank), expert counts -> exclusive prefix [E], token plans, per-round row plans.
@@ -974,7 +974,7 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
   for (int g = tid; g < E; g += kThreads) prefix[g] = 0;
   __syncthreads();
   for (int t = tid; t < p.num_tokens; t += kThreads) {
-    WithTokenIds(c, p.topk_idx, t, K, LlOp::kCombine, p.seq, [&](const auto& ids) {
+    WithTokenIds(c, p.topk_idx, t, K, LlOp::kCombine, seq, [&](const auto& ids) {
 #pragma unroll
       for (int k = 0; k < Len(ids); ++k) {
         if (ids[k] >= 0) atomicAdd(&prefix[ids[k]], 1);
@@ -991,7 +991,7 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
   const int my_tokens = p.num_tokens > static_cast<int>(blockIdx.x) ? (p.num_tokens - blockIdx.x + G - 1) / G : 0;
   for (int round = 0; round < my_tokens || round == 0; round += kWarps) {
     const int n = max(0, min(kWarps, my_tokens - round));
-    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kCombine, p.seq, scratch, plans);
+    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kCombine, seq, scratch, plans);
     if (warp < n) {
       const int t = blockIdx.x + (round + warp) * G;
       __syncwarp();
@@ -1009,13 +1009,13 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
     }
     if (round == 0) {
       // Each expert rank must return exactly the rows this rank routed to it.
-      WaitAllSources(c, LlOp::kCombine, half, p.seq, L.combine_rows_per_src, p.wait_stats, got, failed);
+      WaitAllSources(c, LlOp::kCombine, half, seq, L.combine_rows_per_src, p.wait_stats, got, failed);
       __syncthreads();
       Trace(c, LlOp::kCombine, kTraceSignals);
-      StampWaitEnd(c, p.seq);
+      StampWaitEnd(c, seq);
       for (int d = tid; d < R; d += kThreads) {
         if (!*failed && routed[d] != got[d]) {
-          RecordError(c, kGpuBadMessage, LlOp::kCombine, d, p.seq, got[d]);
+          RecordError(c, kGpuBadMessage, LlOp::kCombine, d, seq, got[d]);
           *failed = 1;
         }
       }
@@ -1045,21 +1045,123 @@ __device__ void CombineRecv(const CombineParams& p, uint8_t* smem) {
   Trace(c, LlOp::kCombine, kTraceRecvEnd);
 }
 
-/// A launch of one operation: its send phase, its receive phase, or both (kPhaseBoth), with the metrics stamps
-/// around them. The two public kernels differ only in their phase functions.
+// ------------------------------------------------------------------------------------------ call state
+
+/// Loads a call record bypassing L1 (the record was written by earlier launches, on any SM).
+__device__ __forceinline__ LlCallRecord LoadRecord(const LlCallRecord* r) {
+  LlCallRecord v;
+  const uint4* src = reinterpret_cast<const uint4*>(r);
+  uint4* dst = reinterpret_cast<uint4*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) dst[i] = __ldcg(src + i);
+  return v;
+}
+
+/// a is b or a later sequence number.
+__device__ __forceinline__ bool AtOrAfter(uint32_t a, uint32_t b) { return a == b || protocol::SignalIsNewer(a, b); }
+
+/// Thread 0 of every CTA of a launch with a send phase: the operation's sequence number, after the in-flight rules
+/// (LlCallState); 0 if a rule refuses the send (CTA 0 records why) or an earlier fatal error aborted the buffer.
+__device__ uint32_t TakeCallSeq(const LlDeviceContext& c, LlOp op, unsigned long long* n_out) {
+  LlCallState* s = c.calls;
+  // Both records and the abort flag load while the atomic is in flight: one round trip on the critical path.
+  const LlCallRecord r0 = LoadRecord(&s->record[0]), r1 = LoadRecord(&s->record[1]);
+  const bool aborted = Aborted(c);
+  const unsigned long long n = atomicAdd(&s->send_ctas, 1ull) / gridDim.x;
+  *n_out = n;
+  const uint32_t seq = protocol::DeviceCallSeq(n);
+  const int h = protocol::HalfOfSeq(seq);
+  const LlCallRecord& r = h == 0 ? r0 : r1;
+  const uint32_t prev = static_cast<uint32_t>(r.sent[h]);
+  const uint32_t sent_after = r.sent_after[static_cast<int>(op)][h];
+  uint32_t code = kGpuOk, detail = 0;
+  if (prev != 0 && static_cast<uint32_t>(r.received[h] >> 32) != prev) {
+    code = kGpuInFlight;
+    detail = prev;
+  } else if (sent_after != 0 && (r.newest_received == 0 || !AtOrAfter(r.newest_received, sent_after))) {
+    code = kGpuRegionBusy;
+    detail = sent_after;
+  }
+  if (code != kGpuOk && blockIdx.x == 0) RecordError(c, code, op, -1, seq, detail);
+  return code == kGpuOk && !aborted ? seq : 0u;
+}
+
+/// Send n is done (last CTA, thread 0, after its send phase): the record the next send reads, with this send in it
+/// (received at once for kPhaseBoth).
+__device__ void TrackSend(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag, unsigned long long n) {
+  const uint32_t seq = protocol::DeviceCallSeq(n);
+  const int h = protocol::HalfOfSeq(seq);
+  LlCallRecord r = LoadRecord(&c.calls->record[h]);
+  r.sent[h] = PackSent(tag, seq);
+  if (phase == kPhaseBoth) {
+    r.received[h] = PackReceived(seq, kReceivedInLaunch);
+    r.sent_after[static_cast<int>(op)][h] = protocol::DeviceCallSeq(n + 1);
+    if (r.newest_received == 0 || protocol::SignalIsNewer(seq, r.newest_received)) r.newest_received = seq;
+  }
+  c.calls->record[h ^ 1] = r;
+}
+
+/// Thread 0 of every CTA of a receive-only launch: the sequence number of the sent, unreceived operation `tag` names
+/// (the older one if two do), marked received by this launch in the record the next send reads; 0 if none does
+/// (kGpuBadReceive recorded) or the buffer aborted. See LlCallState for why every CTA reaches the same answer.
+__device__ uint32_t TakeReceivedSeq(const LlDeviceContext& c, LlOp op, uint32_t tag) {
+  LlCallState* s = c.calls;
+  const LlCallRecord r0 = LoadRecord(&s->record[0]), r1 = LoadRecord(&s->record[1]);
+  const bool aborted = Aborted(c);
+  const unsigned long long next_send = __ldcg(&s->send_ctas) / gridDim.x;  // no send runs during this launch
+  // The receive launch's index, never kReceivedInLaunch.
+  const uint32_t launch = static_cast<uint32_t>((atomicAdd(&s->recv_ctas, 1ull) / gridDim.x) % kReceivedInLaunch);
+  const LlCallRecord& r = (next_send & 1) == 0 ? r0 : r1;
+  int half = -1;
+  uint32_t seq = 0;
+  for (int h = 0; h < protocol::kNumHalves; ++h) {
+    const uint32_t sent_seq = static_cast<uint32_t>(r.sent[h]);
+    const unsigned long long mark = r.received[h];
+    const bool waiting =
+        sent_seq != 0 && (static_cast<uint32_t>(mark >> 32) != sent_seq || static_cast<uint32_t>(mark) == launch);
+    if ((r.sent[h] >> 32) == tag && waiting && (half < 0 || protocol::SignalIsNewer(seq, sent_seq))) {
+      half = h;
+      seq = sent_seq;
+    }
+  }
+  if (aborted) return 0;
+  if (half < 0) {
+    if (blockIdx.x == 0) RecordError(c, kGpuBadReceive, op, -1, 0, tag);
+    return 0;
+  }
+  // Every CTA stores the same values (newest_received included: the maximum with seq either way).
+  LlCallRecord* out = &s->record[next_send & 1];
+  out->received[half] = PackReceived(seq, launch);
+  out->sent_after[static_cast<int>(op)][half] = protocol::DeviceCallSeq(next_send);
+  if (r.newest_received == 0 || protocol::SignalIsNewer(seq, r.newest_received)) out->newest_received = seq;
+  return seq;
+}
+
+/// A launch of one operation: its send phase, its receive phase, or both (kPhaseBoth), with the call state and the
+/// metrics stamps around them. The two public kernels differ only in their phase functions.
 template <typename Params>
 __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
-                                          void (*send)(const Params&, uint8_t*),
-                                          void (*recv)(const Params&, uint8_t*)) {
+                                          void (*send)(const Params&, uint32_t, uint8_t*),
+                                          void (*recv)(const Params&, uint32_t, uint8_t*)) {
+  const LlDeviceContext& c = p.ctx;
+  __shared__ uint32_t call_seq;
+  __shared__ unsigned long long call_n;  // send launches: the launch's index (LlCallState)
+  if (threadIdx.x == 0) {
+    call_seq = (phase & kPhaseSend) ? TakeCallSeq(c, op, &call_n) : TakeReceivedSeq(c, op, p.call_tag);
+  }
+  __syncthreads();
+  const uint32_t seq = call_seq;
+  if (seq == 0) return;  // refused (recorded) or aborted: this launch does nothing
   if (phase & kPhaseSend) {
-    StampSendStart(p.ctx, op, p.seq);
-    send(p, smem);
+    StampSendStart(c, op, seq);
+    send(p, seq, smem);
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) TrackSend(c, op, phase, p.call_tag, call_n);
   }
   if (phase & kPhaseRecv) {
     __syncthreads();
-    StampRecvStart(p.ctx, p.seq);
-    recv(p, smem);
-    StampRecvEnd(p.ctx, p.seq);
+    StampRecvStart(c, seq);
+    recv(p, seq, smem);
+    StampRecvEnd(c, seq);
   }
 }
 

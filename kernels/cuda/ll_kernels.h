@@ -37,6 +37,9 @@ enum GpuErrorCode : uint32_t {
   kGpuTimeout = 3,          ///< a peer did not signal in time: peer = that rank
   kGpuSequenceOverrun = 4,  ///< a signal from a later call arrived first: too many operations in flight
   kGpuBadMessage = 5,       ///< a received header is inconsistent: peer = its source, detail = message index
+  kGpuInFlight = 6,         ///< a send found its half held by an unreceived operation: detail = that operation's seq
+  kGpuBadReceive = 7,       ///< a receive launch whose tag names no operation waiting for it: detail = the tag
+  kGpuRegionBusy = 8,       ///< a send into a region peers may still read (LlCallState): detail = its first safe seq
 };
 
 /// First error a kernel hit. Lives in mapped, pinned host memory. The right to write it is claimed with an
@@ -92,6 +95,52 @@ static_assert(sizeof(OpStamps) == 56, "host zero-fills kStampSlots of these");
 enum OpStampState : uint32_t { kStampEmpty = 0, kStampSent = 1, kStampReceiving = 2, kStampBinned = 3 };
 inline constexpr int kStampSlots = 4;
 
+/// Graph-safe call state, in device memory (zeroed once by the host). Which call sequence number, and so which half,
+/// an operation uses is decided here on the device, never baked into a launch: every replay of every captured graph
+/// stays consistent however many low-latency calls a graph holds and however graphs sharing one buffer interleave
+/// (DeepEP keeps this parity on the host, so a graph with an odd number of calls corrupts its replays: DeepEP#93).
+/// Only stream-ordered launches of one buffer touch it, all with gridDim.x CTAs.
+///  - Sequence: every CTA of a launch with a send phase adds 1 to send_ctas as it starts, so old / gridDim.x is the
+///    launch's index n on this buffer and protocol::DeviceCallSeq(n) its sequence number (one atomic per CTA).
+///  - Pairing a receive launch with its send: the host gives every send a tag that is unique among the sends it
+///    issued (DispatchParams::call_tag) and bakes the same tag into the receive launch (the hook), in a graph or
+///    not. A receive launch looks its tag up among the operations sent and not yet received (the older one if a
+///    graph holding the send was replayed twice) and marks it received by its own index (from recv_ctas). A mark
+///    made by its own launch does not hide the operation from a CTA, so all CTAs agree whatever order they run in.
+///    A tag, unlike a slot number, cannot pair a receive with another graph's operation.
+///  - The host's in-flight rules (runtime/call_sequence.h), applied again here because the host cannot see replays:
+///    a send needs the previous operation in its half received (kGpuInFlight), and the previous operation in its
+///    region (kind, half) received before some operation that was then sent and received (kGpuRegionBusy: peers
+///    may still read the region). Every CTA checks them before its first store, so a refused send writes nothing.
+///    A receive launch whose tag names no waiting operation records kGpuBadReceive and does nothing. All three are
+///    fatal (the buffer must be rebuilt) and every later launch on the buffer does nothing.
+///  - The rules' state is a record of the calls so far, copied on write: sends read record[n % 2] (n's half, since
+///    DeviceCallSeq keeps n's parity) and the send's last CTA writes the updated record[(n + 1) % 2] after its send
+///    phase, so no CTA of a launch reads what its own launch changed. Receive launches between send n and n + 1 mark
+///    record[(n + 1) % 2], the one the next send reads.
+struct LlCallRecord {
+  unsigned long long sent[2];      ///< per half: PackSent(tag, seq) of the last operation sent into it; 0 = none
+  unsigned long long received[2];  ///< per half: PackReceived(seq, receive launch) of the last one received
+  uint32_t sent_after[2][2];       ///< [op][half]: first seq sent after the region's last receive; 0 = none yet
+  uint32_t newest_received;        ///< newest seq received so far; 0 = none
+  uint32_t reserved[3];
+};
+static_assert(sizeof(LlCallRecord) == 64, "a send's first thread loads both records as eight 16-byte words");
+struct alignas(128) LlCallState {
+  unsigned long long send_ctas;  ///< CTAs that started a send phase
+  unsigned long long recv_ctas;  ///< CTAs that started a receive-only launch
+  unsigned long long reserved[14];
+  LlCallRecord record[2];  ///< the call record before send n is record[n % 2]
+};
+/// Marks an operation that was received by its own (kPhaseBoth) launch.
+inline constexpr uint32_t kReceivedInLaunch = 0xFFFFFFFFu;
+__host__ __device__ constexpr unsigned long long PackSent(uint32_t tag, uint32_t seq) {
+  return (static_cast<unsigned long long>(tag) << 32) | seq;
+}
+__host__ __device__ constexpr unsigned long long PackReceived(uint32_t seq, uint32_t launch) {
+  return (static_cast<unsigned long long>(seq) << 32) | launch;
+}
+
 /// Per-rank state every launch needs. POD, passed by value.
 struct LlDeviceContext {
   protocol::LlLayout layout;
@@ -100,6 +149,7 @@ struct LlDeviceContext {
   uint8_t* local = nullptr;         ///< this rank's region base (== peers[rank], without the load)
   uint64_t* done = nullptr;         ///< device [2 halves][2 ops][R]: completion counters (self-resetting)
   uint32_t* flags = nullptr;        ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
+  LlCallState* calls = nullptr;     ///< device: graph-safe sequence numbers and the in-flight rule
   GpuErrorInfo* error = nullptr;    ///< device pointer to the mapped host error record
   uint64_t timeout_ns = 0;          ///< receive wait limit per signal
   uint64_t* trace = nullptr;        ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
@@ -110,7 +160,7 @@ struct LlDeviceContext {
 
 struct DispatchParams {
   LlDeviceContext ctx;
-  uint32_t seq = 0;  ///< call sequence number: picks the half, stamps the signals
+  uint32_t call_tag = 0;  ///< unique per host send (never 0); a split operation's receive launch carries it too
   protocol::DispatchMode mode;
   const uint16_t* x = nullptr;        ///< bf16 [num_tokens, H]
   const int64_t* topk_idx = nullptr;  ///< [num_tokens, num_topk]
@@ -127,8 +177,8 @@ struct DispatchParams {
 
 struct CombineParams {
   LlDeviceContext ctx;
-  uint32_t seq = 0;
-  const uint16_t* x = nullptr;            ///< bf16 [E_loc, R*T, H]; null = zero-copy (rows in c_send of the half)
+  uint32_t call_tag = 0;                  ///< as DispatchParams::call_tag
+  const uint16_t* x = nullptr;            ///< bf16 [E_loc, R*T, H]; null = zero-copy (rows in c_send of kZeroCopyHalf)
   const int64_t* layout_range = nullptr;  ///< the dispatch handle's [E_loc, R]
   const int64_t* topk_idx = nullptr;      ///< this rank's routing [num_tokens, num_topk]
   const float* topk_weights = nullptr;    ///< [num_tokens, num_topk]
@@ -137,6 +187,12 @@ struct CombineParams {
   uint16_t* out = nullptr;        ///< bf16 [num_tokens, H]
   int64_t* wait_stats = nullptr;  ///< optional [R], ns, accumulated
 };
+
+/// The GPU backend's zero-copy combine rows (DeepEP's get_next_low_latency_combine_buffer) live in c_send of this half
+/// for every call: the half is a device decision, so the host could not name "the next call's" staging, and a fixed
+/// address is what a captured graph needs. The NVLink kernels read combine rows straight from x otherwise, so nothing
+/// else uses that area; rows for a call are written after the previous combine's send launch (stream order).
+inline constexpr int kZeroCopyHalf = 0;
 
 /// Launch geometry. Every CTA of a launch must be resident at once (the receive phase of a kPhaseBoth launch
 /// waits on signals other CTAs produce), so num_ctas must not exceed the SM count; and a CTA counts the routes of at

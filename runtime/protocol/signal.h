@@ -37,6 +37,12 @@ LLEP_HD constexpr bool SignalIsNewer(uint32_t observed, uint32_t expected) {
 /// the alternation of halves (0xFFFFFFFF is odd, 2 is even).
 LLEP_HD constexpr uint32_t NextCallSeq(uint32_t seq) { return seq + 1 == 0 ? 2u : seq + 1; }
 
+/// The sequence number of the n-th operation (n = 0, 1, ...) a device-sequenced buffer (the GPU backend: kernels/cuda
+/// ll_kernels.h LlCallState) sends: 4, 5, ..., 0xFFFFFFFF, then 4 again. Never 0 ("never signalled"); the period
+/// 2^32 - 4 is a multiple of 4, so the halves (seq & 1) and the kernels' 4-entry latency stamp ring (seq % 4) keep
+/// alternating across the wrap, which comes after 4.3e9 operations (days of decoding).
+LLEP_HD constexpr uint32_t DeviceCallSeq(uint64_t n) { return static_cast<uint32_t>(4 + n % 0xFFFFFFFCull); }
+
 /// The half a call uses: calls alternate between the two halves of the double-buffered region.
 LLEP_HD constexpr int HalfOfSeq(uint32_t seq) { return static_cast<int>(seq & 1u); }
 
