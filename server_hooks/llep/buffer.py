@@ -12,6 +12,11 @@ torch objects: the native module gets addresses, shapes and stream handles, so o
 GPU errors (bad expert ids, a peer that never answers) are recorded by the kernels without a trap and raised by
 the next call on the buffer, or by Buffer.check_errors() after the stream was synchronised.
 
+CUDA graphs: every call may be captured (no host synchronisation), in any number per graph and in graphs of any
+batch size sharing the buffer: the kernels pick the buffer half and pair each receive hook with its send on the
+device. The in-flight rules (graph_capture/README.md) are checked by the host at each call and by the kernels on
+every replay. llep.graph_capture captures a decode step per batch size.
+
 Environment: LLEP_BACKEND ('cuda' / 'cpu'), LLEP_TIMEOUT_S (default 30: a silent peer becomes LlepTimeoutError
 after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_KERNEL_TRACE=1 (GPU: the kernels
 record a diagnostic timeline, read with `runtime.kernel_trace()`), LLEP_FABRIC_PROVIDER (CPU: default 'shm';
@@ -215,6 +220,10 @@ class Buffer:
         On the GPU an operation's latencies are binned by a later operation's receive launch; `flush` first
         queues that binning on the current stream and waits for it (the only synchronisation here)."""
         runtime = self._metrics_runtime()
+        if flush and self._gpu and torch.cuda.is_current_stream_capturing():
+            raise _llep.LlepFailedPreconditionError(
+                'metrics_snapshot(flush=True) waits for the stream, which a graph capture forbids: pass flush=False '
+                'or snapshot outside the capture')
         if flush and self._gpu:
             runtime.flush_metrics(torch.cuda.current_stream(self._device).cuda_stream)
             torch.cuda.current_stream(self._device).synchronize()
@@ -481,7 +490,9 @@ class Buffer:
 
     def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
         """bf16 [num_local_experts, num_ranks * T, hidden] view of the staging the next combine reads with
-        zero_copy=True; rows are padded to (hidden + hidden / 64) elements, as in DeepEP."""
+        zero_copy=True; rows are padded to (hidden + hidden / 64) elements, as in DeepEP. On the GPU backend it is
+        one fixed area for every call (the buffer half is picked on the device), so graphs may capture it: write it
+        after the previous combine was sent (stream order)."""
         src_info, layout_range, T, hidden, num_experts = handle
         runtime = self._backend(T, hidden, num_experts)
         E_loc, rows, m = num_experts // self.group_size, self.group_size * T, runtime.combine_row_stride
