@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run on the GPU machine: builds (scripts/gpu_build.sh), runs the GPU unit tests (ctest label gpu) and the
-# GPU-vs-CPU correctness matrix through the Python API (tests/gpu/gpu_vs_cpu.py), then, with --bench, the GPU
+# Run on the GPU machine: builds (scripts/gpu_build.sh), runs the GPU unit tests (ctest label gpu), the
+# GPU-vs-CPU correctness matrix through the Python API (tests/gpu/gpu_vs_cpu.py) and the CUDA-graph soak
+# (tests/gpu/graph_test.py, arguments from LLEP_GRAPH_TEST_ARGS), then, with --bench, the GPU
 # benchmark (bench/ll_gpu_bench.py), and with --all every other test too; --bench-only builds the Python
 # package alone and runs just the benchmark. Prints a summary last; full logs go
 # to $OUT (or ./gpu-test-logs). Extra arguments after -- go to gpu_vs_cpu.py (e.g. -- --quick --ranks 2).
@@ -30,6 +31,8 @@ if [ $tests = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_unit_tests.log" 2>&1 || rc=1
   timeout 420 python3 tests/gpu/gpu_vs_cpu.py --results "$LOGS/gpu_vs_cpu.jsonl" "$@" > "$LOGS/gpu_vs_cpu.log" 2>&1 ||
     rc=1
+  timeout 300 python3 tests/gpu/graph_test.py --results "$LOGS/graph_test.jsonl" ${LLEP_GRAPH_TEST_ARGS:-} \
+    > "$LOGS/graph_test.log" 2>&1 || rc=1
 fi
 if [ $all = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1 || rc=1
@@ -41,6 +44,7 @@ fi
 if [ $tests = 1 ]; then
   echo "== GPU unit tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_unit_tests.log" | head -20
   echo "== GPU vs CPU"; grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu.log" | head -40
+  echo "== CUDA graphs"; grep -E "PASS|FAIL|rank .*:|graph_test:|Error" "$LOGS/graph_test.log" | head -30
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
 [ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }
