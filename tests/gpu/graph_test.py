@@ -60,13 +60,18 @@ def _tokens(rank, variant, T):
     return 1 + (variant * 7 + rank * 5 + variant * rank) % T  # per rank and variant, 1..T
 
 
+def _buffer(gloo, backend, T):
+    """A llep Buffer on `backend` with the layout for T tokens per rank (collective)."""
+    buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = backend
+    buf.clean_low_latency_buffer(T, H, E)
+    return buf
+
+
 def _soak(rank, R, T, steps, gloo, log):
     dev = torch.device('cuda', torch.cuda.current_device())
-    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    gpu.backend = 'cuda'
-    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    cpu.backend = 'cpu'
-    gpu.clean_low_latency_buffer(T, H, E)
+    gpu = _buffer(gloo, 'cuda', T)
+    cpu = _buffer(gloo, 'cpu', T)
     port = gpu.start_metrics_exporter(0, interval_s=0.001)  # its thread snapshots during every capture below
 
     # The CPU backend's results per (kind, variant), through the same padded static inputs as the graphs.
@@ -172,12 +177,8 @@ def _cross_graph_hooks(rank, T, gloo, log):
     dispatch region is reused). Every dispatch result must equal the CPU backend's for the inputs its send
     carried, and every combine must run without a kernel error."""
     dev = torch.device('cuda', torch.cuda.current_device())
-    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    cpu.backend = 'cpu'
-    buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    buf.backend = 'cuda'
-    cpu.clean_low_latency_buffer(T, H, E)
-    buf.clean_low_latency_buffer(T, H, E)
+    cpu = _buffer(gloo, 'cpu', T)
+    buf = _buffer(gloo, 'cuda', T)
     variants = [graph_steps.make_inputs(rank, 20 + v, T, H, E, K, torch.device('cpu')) for v in range(3)]
     refs = []
     for x, ids, _ in variants:
@@ -248,9 +249,7 @@ def _misuse(rank, T, gloo, log):
     dev = torch.device('cuda', torch.cuda.current_device())
     x, ids, w = graph_steps.make_inputs(rank, 0, T, H, E, K, dev)
     for case in ('send_without_receive_replayed_twice', 'receive_replayed_twice', 'third_dispatch_after_two_in_flight'):
-        buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-        buf.backend = 'cuda'
-        buf.clean_low_latency_buffer(T, H, E)
+        buf = _buffer(gloo, 'cuda', T)
         send_graph, recv_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         holder = {}
         torch.cuda.synchronize()
