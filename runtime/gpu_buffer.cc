@@ -304,8 +304,9 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
     case kernels::cuda::kGpuInFlight:
       s = absl::FailedPreconditionError(absl::StrCat(
           where, "its buffer half still held call ", detail,
-          ", whose receive (hook) had not run: at most two low-latency operations may be in flight per buffer "
-          "(a captured graph that sends without receiving was replayed again before its receive ran)"));
+          ", whose receive (hook) had not run (nothing was sent): at most two low-latency operations may be in "
+          "flight per buffer (a captured graph that sends without receiving was replayed again before its receive "
+          "ran)"));
       break;
     case kernels::cuda::kGpuBadReceive:
       s = absl::FailedPreconditionError(absl::StrCat(

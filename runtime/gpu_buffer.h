@@ -15,12 +15,12 @@
 // any mix of eager calls and replays of captured graphs (any number of calls per graph, several graphs of different
 // batch sizes on one buffer) stays consistent. No call synchronises the host, so every call may be captured.
 //
-// In-flight rule: at most two operations hold buffer state: a send needs the operation that last used its half (two
-// sends earlier) received, i.e. its receive launch queued before. The host refuses a violating call in issue order
-// (FailedPrecondition, as the CPU backend); the kernels check it again per replay, where the host cannot see, and
-// record a fatal kGpuInFlight / kGpuBadReceive (a graph that only sends, replayed a third time before a receive; a
-// graph that only receives, replayed more often than its send). All
-// launches on one buffer must be ordered on one stream (or by events), as DeepEP requires. Results are written to the
+// In-flight rules (runtime/call_sequence.h): at most two operations in flight, and a receive region is reused only
+// once this rank sent and received another operation since its last receive (so every peer finished reading it).
+// The host refuses a violating call in issue order (FailedPrecondition, as the CPU backend); the kernels check the
+// same rules before their first store on every launch, where the host cannot see replays, and record a fatal
+// kGpuInFlight / kGpuRegionBusy / kGpuBadReceive (a hook replayed without a new replay of its send). All launches
+// on one buffer must be ordered on one stream (or by events), as DeepEP requires. Results are written to the
 // caller's tensors, so they stay valid after the half is reused; only the zero-copy staging is shared (see
 // NextCombineBuffer).
 #pragma once
