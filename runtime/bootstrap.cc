@@ -1,5 +1,7 @@
 #include "runtime/bootstrap.h"
 
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +9,40 @@
 #include "runtime/tcp_store.h"
 
 namespace llep {
+
+std::string PackStringList(const std::vector<std::string>& items) {
+  std::string out;
+  const uint32_t n = static_cast<uint32_t>(items.size());
+  out.append(reinterpret_cast<const char*>(&n), 4);
+  for (const std::string& b : items) {
+    const uint32_t len = static_cast<uint32_t>(b.size());
+    out.append(reinterpret_cast<const char*>(&len), 4);
+    out += b;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> UnpackStringList(const std::string& packed) {
+  size_t off = 0;
+  auto read_u32 = [&](uint32_t* v) {
+    if (off + 4 > packed.size()) return false;
+    std::memcpy(v, packed.data() + off, 4);
+    off += 4;
+    return true;
+  };
+  uint32_t n = 0;
+  if (!read_u32(&n) || n > packed.size()) return absl::DataLossError("malformed string-list blob");
+  std::vector<std::string> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t len = 0;
+    if (!read_u32(&len) || off + len > packed.size()) return absl::DataLossError("truncated string-list blob");
+    out.emplace_back(packed.substr(off, len));
+    off += len;
+  }
+  if (off != packed.size()) return absl::DataLossError("trailing bytes after a string-list blob");
+  return out;
+}
+
 namespace {
 
 class CallbackBootstrap final : public Bootstrap {

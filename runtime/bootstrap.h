@@ -27,6 +27,12 @@ class Bootstrap {
   absl::Status Barrier();
 };
 
+/// A list of byte strings as one blob ([u32 count] then per entry [u32 length][bytes]), for AllGather of several
+/// values (e.g. one endpoint address per proxy thread).
+std::string PackStringList(const std::vector<std::string>& items);
+/// The inverse; DataLoss for a truncated or malformed blob.
+absl::StatusOr<std::vector<std::string>> UnpackStringList(const std::string& packed);
+
 using AllGatherFn = std::function<absl::StatusOr<std::vector<std::string>>(const std::string& blob)>;
 
 /// Wraps an external allgather (e.g. torch.distributed.all_gather_object). The callback's result must have

@@ -27,42 +27,6 @@ uint64_t NowNs() {
           .count());
 }
 
-// Blob of one rank: [u32 num_threads] then per thread [u32 len][bytes].
-std::string PackBlobs(const std::vector<std::string>& blobs) {
-  std::string out;
-  const uint32_t n = static_cast<uint32_t>(blobs.size());
-  out.append(reinterpret_cast<const char*>(&n), 4);
-  for (const std::string& b : blobs) {
-    const uint32_t len = static_cast<uint32_t>(b.size());
-    out.append(reinterpret_cast<const char*>(&len), 4);
-    out += b;
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<std::string>> UnpackBlobs(const std::string& packed, int expected) {
-  std::vector<std::string> out;
-  size_t off = 0;
-  auto read_u32 = [&](uint32_t* v) {
-    if (off + 4 > packed.size()) return false;
-    std::memcpy(v, packed.data() + off, 4);
-    off += 4;
-    return true;
-  };
-  uint32_t n = 0;
-  if (!read_u32(&n) || static_cast<int>(n) != expected) {
-    return absl::FailedPreconditionError(absl::StrCat("peer runs ", n, " proxy threads, this rank ", expected,
-                                                      ": every rank needs the same num_proxy_threads"));
-  }
-  for (uint32_t i = 0; i < n; ++i) {
-    uint32_t len = 0;
-    if (!read_u32(&len) || off + len > packed.size()) return absl::DataLossError("truncated endpoint blob");
-    out.emplace_back(packed.substr(off, len));
-    off += len;
-  }
-  return out;
-}
-
 }  // namespace
 
 CpuBuffer::CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options)
@@ -118,10 +82,15 @@ absl::Status CpuBuffer::Init() {
       transports.push_back(std::move(t));
     }
     transport_name_ = transports[0]->Name();
-    LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(PackBlobs(blobs)));
+    LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(PackStringList(blobs)));
     std::vector<std::vector<std::string>> per_thread(options_.num_proxy_threads, std::vector<std::string>(R));
     for (int r = 0; r < R; ++r) {
-      LLEP_ASSIGN_OR_RETURN(std::vector<std::string> mine, UnpackBlobs(all[r], options_.num_proxy_threads));
+      LLEP_ASSIGN_OR_RETURN(std::vector<std::string> mine, UnpackStringList(all[r]));
+      if (static_cast<int>(mine.size()) != options_.num_proxy_threads) {
+        return absl::FailedPreconditionError(absl::StrCat("rank ", r, " runs ", mine.size(),
+                                                          " proxy threads, this rank ", options_.num_proxy_threads,
+                                                          ": every rank needs the same num_proxy_threads"));
+      }
       for (int i = 0; i < options_.num_proxy_threads; ++i) per_thread[i][r] = std::move(mine[i]);
     }
     for (int i = 0; i < options_.num_proxy_threads; ++i) LLEP_RETURN_IF_ERROR(transports[i]->Connect(per_thread[i]));
