@@ -54,22 +54,39 @@ Proxy::Proxy(const protocol::LlLayout& layout, int rank, uint8_t* region, const 
 
 absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
                                                      std::vector<std::unique_ptr<Transport>> transports,
-                                                     const ProxyOptions& options) {
+                                                     const ProxyOptions& options, std::vector<ExternalRing> rings) {
   if (transports.empty()) return absl::InvalidArgumentError("a proxy needs at least one transport");
+  if (!rings.empty() && rings.size() != transports.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rings.size(), " external rings for ", transports.size(), " transports: give one per thread"));
+  }
+  for (const ExternalRing& r : rings) {
+    if (r.consumer.ring == nullptr || r.consumer.tail == nullptr || r.consumer.size < 2 ||
+        (r.consumer.size & (r.consumer.size - 1)) != 0 || r.producer.size != r.consumer.size ||
+        r.abort_word == nullptr) {
+      return absl::InvalidArgumentError("an external ring needs ring, tail, abort word and a power-of-two size");
+    }
+  }
   if (options.fifo_entries < 2 || (options.fifo_entries & (options.fifo_entries - 1)) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("fifo_entries must be a power of two >= 2, got ", options.fifo_entries));
   }
   std::unique_ptr<Proxy> p(new Proxy(layout, rank, region, options));
   const size_t keys = static_cast<size_t>(protocol::kNumLlOps) * protocol::kNumHalves * layout.shape.num_ranks;
-  for (auto& tr : transports) {
+  for (size_t i = 0; i < transports.size(); ++i) {
     auto t = std::make_unique<Thread>();
-    t->transport = std::move(tr);
+    t->transport = std::move(transports[i]);
     t->counter = std::make_unique<ArrivalCounter>(layout, region);
-    t->ring.reset(new FifoCmd[options.fifo_entries]());
-    t->handle = protocol::FifoRingHandle{t->ring.get(),  &t->head,        &t->tail,
-                                         &t->tail_cache, &p->abort_flag_, options.fifo_entries};
-    t->consumer = std::make_unique<FifoConsumer>(t->handle);
+    if (rings.empty()) {
+      t->ring.reset(new FifoCmd[options.fifo_entries]());
+      t->handle = protocol::FifoRingHandle{t->ring.get(),  &t->head,        &t->tail,
+                                           &t->tail_cache, &p->abort_flag_, options.fifo_entries};
+      t->consumer = std::make_unique<FifoConsumer>(t->handle);
+    } else {
+      t->handle = rings[i].producer;
+      t->consumer = std::make_unique<FifoConsumer>(rings[i].consumer);
+      p->external_abort_words_.push_back(rings[i].abort_word);
+    }
     t->batch.resize(options.max_batch);
     t->fields.resize(options.max_batch);
     t->writes_since_signal.assign(keys, 0);
@@ -104,6 +121,7 @@ void Proxy::Abort(const absl::Status& why) {
     if (first_error_.ok()) first_error_ = why;
   }
   __atomic_store_n(&abort_flag_, 1, __ATOMIC_RELEASE);
+  for (int32_t* w : external_abort_words_) __atomic_store_n(w, 1, __ATOMIC_RELEASE);
 }
 
 ProxyStats Proxy::stats() const {

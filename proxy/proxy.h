@@ -34,6 +34,14 @@ struct ProxyOptions {
   int idle_sleep_us = 20;
 };
 
+/// Ring memory owned outside the proxy, for producers that cannot write the proxy's heap: a GPU pushes into pinned
+/// host memory mapped into it, with its head in device memory (runtime/cuda_fifo_ring.h).
+struct ExternalRing {
+  protocol::FifoRingHandle producer;  ///< what ring(i) hands to producers (device pointers)
+  protocol::FifoRingHandle consumer;  ///< the same ring as this CPU sees it (ring, tail and size are used)
+  int32_t* abort_word = nullptr;      ///< the producers' abort flag (CPU view); Abort() raises it
+};
+
 struct ProxyStats {
   uint64_t commands = 0;
   uint64_t writes_posted = 0;
@@ -43,10 +51,12 @@ struct ProxyStats {
 
 class Proxy {
  public:
-  /// `transports[i]` must be registered on `region` and connected. Starts the threads.
+  /// `transports[i]` must be registered on `region` and connected. Starts the threads. Thread i drains its own ring
+  /// (options.fifo_entries commands in this process's heap) unless `rings` is given: then rings[i], one per transport.
   static absl::StatusOr<std::unique_ptr<Proxy>> Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
                                                        std::vector<std::unique_ptr<Transport>> transports,
-                                                       const ProxyOptions& options);
+                                                       const ProxyOptions& options,
+                                                       std::vector<ExternalRing> rings = {});
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -80,6 +90,7 @@ class Proxy {
   ProxyOptions options_;
   std::vector<std::unique_ptr<Thread>> threads_;
   std::atomic<bool> stop_{false};
+  std::vector<int32_t*> external_abort_words_;
   alignas(64) volatile int32_t abort_flag_ = 0;
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);

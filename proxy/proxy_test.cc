@@ -271,5 +271,58 @@ TEST(FifoRingTest, FullRingPushReturnsOnAbort) {
   aborter.join();
 }
 
+TEST(ProxyTest, ExternalRingsCarryCommandsAndAbortReachesTheirProducers) {
+  // Rank 0's proxy drains a ring it does not own (as a GPU's pinned ring), rank 1's its own.
+  const protocol::LlLayout layout = protocol::ComputeLlLayout({8, 512, 4, 2});
+  FakeNetwork net(2);
+  std::unique_ptr<uint8_t[]> regions[2];
+  std::unique_ptr<Proxy> proxies[2];
+  Ring external(16);
+  for (int r = 0; r < 2; ++r) {
+    regions[r].reset(new uint8_t[layout.total_bytes]());
+    auto t = std::make_unique<FakeTransport>(&net, r, 1 << 20);
+    ASSERT_TRUE(t->RegisterRegion(regions[r].get(), layout.total_bytes).ok());
+    std::vector<std::unique_ptr<Transport>> ts;
+    ts.push_back(std::move(t));
+    std::vector<ExternalRing> rings;
+    if (r == 0) rings.push_back({external.handle, external.handle, const_cast<int32_t*>(&external.abort_flag)});
+    auto p = Proxy::Create(layout, r, regions[r].get(), std::move(ts), ProxyOptions{}, std::move(rings));
+    ASSERT_TRUE(p.ok()) << p.status();
+    proxies[r] = *std::move(p);
+  }
+  EXPECT_EQ(proxies[0]->ring(0).ring, external.cmds.data());
+  const int64_t off = layout.CombineRecvOffset(1, 0, 0);
+  std::memset(regions[0].get() + off, 0x5A, 256);
+  for (int i = 0; i < 40; ++i) {  // more than the ring holds: the proxy frees slots of memory it does not own
+    ASSERT_TRUE(protocol::FifoPush(external.handle, protocol::MakeWriteCmd(LlOp::kCombine, 1, 1, off, off, 256)));
+  }
+  ASSERT_TRUE(
+      protocol::FifoPush(external.handle, protocol::MakeSignalCmd(LlOp::kCombine, 1, 1, protocol::PackSignal(7, 40))));
+  const auto* sig = reinterpret_cast<const uint64_t*>(regions[1].get() + layout.SignalOffset(1, LlOp::kCombine, 0));
+  uint64_t w = 0;
+  for (int i = 0; i < 2000000 && protocol::SignalSeq(w) != 7; ++i) {
+    w = __atomic_load_n(sig, __ATOMIC_ACQUIRE);
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(w, protocol::PackSignal(7, 40));
+  EXPECT_EQ(regions[1][off + 255], 0x5A);
+  EXPECT_EQ(external.abort_flag, 0);
+  proxies[0]->Abort(absl::InternalError("test"));
+  EXPECT_EQ(external.abort_flag, 1);  // producers waiting on a full external ring stop
+}
+
+TEST(ProxyTest, RejectsMismatchedExternalRings) {
+  const protocol::LlLayout layout = protocol::ComputeLlLayout({8, 512, 4, 2});
+  FakeNetwork net(2);
+  std::unique_ptr<uint8_t[]> region(new uint8_t[layout.total_bytes]());
+  std::vector<std::unique_ptr<Transport>> ts;
+  ts.push_back(std::make_unique<FakeTransport>(&net, 0, 1 << 20));
+  Ring a(16);
+  std::vector<ExternalRing> two = {{a.handle, a.handle, const_cast<int32_t*>(&a.abort_flag)},
+                                   {a.handle, a.handle, const_cast<int32_t*>(&a.abort_flag)}};
+  auto p = Proxy::Create(layout, 0, region.get(), std::move(ts), ProxyOptions{}, two);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace llep::proxy
