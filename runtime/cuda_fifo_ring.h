@@ -40,8 +40,9 @@ class CudaFifoRing {
     host = {ring_, nullptr, host_words_, nullptr, reinterpret_cast<const volatile int32_t*>(host_words_ + 1), size};
     return cudaSuccess;
   }
-  /// Raises the abort flag: producers stuck on a full ring return false instead of spinning forever.
-  void Abort() { __atomic_store_n(reinterpret_cast<int32_t*>(host_words_ + 1), 1, __ATOMIC_RELEASE); }
+  /// The abort flag as the CPU sees it: non-zero makes producers stuck on a full ring return false instead of spinning.
+  int32_t* abort_word() const { return reinterpret_cast<int32_t*>(host_words_ + 1); }
+  void Abort() { __atomic_store_n(abort_word(), 1, __ATOMIC_RELEASE); }
   ~CudaFifoRing() {
     if (ring_) cudaFreeHost(ring_);
     if (host_words_) cudaFreeHost(host_words_);

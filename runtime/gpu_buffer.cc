@@ -3,11 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proxy/fabric/fabric_transport.h"
+#include "proxy/transport_factory.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/bootstrap.h"
 #include "runtime/protocol/signal.h"
 #include "runtime/validate.h"
 
@@ -33,7 +38,8 @@ struct RegionBlob {
   int64_t total_bytes;
   int32_t device;
   int32_t pid;
-  char host[64];
+  char host[160];       // topology.h HostIdentity()
+  char pci_bus_id[32];  // this rank's GPU, so peers can ask CUDA whether they reach it
   cudaIpcMemHandle_t handle;
   uint32_t ok;  // 0: this rank could not set its region up; error says why
   char error[256];
@@ -46,6 +52,28 @@ constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 int64_t WorkspaceCounters(int R) { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
 int64_t CallStateOffset(int R) { return protocol::AlignUp((WorkspaceCounters(R) + 1) * 8, 128); }
 size_t WorkspaceBytes(int R) { return static_cast<size_t>(CallStateOffset(R)) + sizeof(kernels::cuda::LlCallState); }
+
+/// Whether this process's device can map `bus_id`'s memory. A device this process cannot see (CUDA_VISIBLE_DEVICES)
+/// counts as reachable: CUDA IPC may still map it, and opening the handle reports it if not.
+bool CanReach(int device, const char* bus_id) {
+  int peer = -1;
+  if (cudaDeviceGetByPCIBusId(&peer, bus_id) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  if (peer == device) return true;
+  int ok = 0;
+  return cudaDeviceCanAccessPeer(&ok, device, peer) == cudaSuccess && ok != 0;
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  int n = 0;
+  return v != nullptr && absl::SimpleAtoi(v, &n) ? n : fallback;
+}
+
+// FIFO ring entries per proxy thread (fifo_ring.h): a launch pushes at most one command per message and destination.
+constexpr uint32_t kGpuFifoEntries = 8192;
 
 size_t TraceBytes(int num_ctas) {
   return sizeof(uint64_t) * protocol::kNumLlOps * num_ctas * kernels::cuda::kTracePoints;
@@ -153,29 +181,24 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   mine.total_bytes = layout_.total_bytes;
   mine.device = device_;
   mine.pid = static_cast<int32_t>(getpid());
-  gethostname(mine.host, sizeof(mine.host) - 1);
+  std::strncpy(mine.host, HostIdentity().c_str(), sizeof(mine.host) - 1);
   absl::Status own = local;
-  if (own.ok()) {
-    own = CudaStatus(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle");
-    mine.ok = own.ok() ? 1 : 0;
-    std::strncpy(mine.error, std::string(own.message()).c_str(), sizeof(mine.error) - 1);
-  }
+  if (own.ok())
+    own = CudaStatus(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device_), "cudaDeviceGetPCIBusId");
+  if (own.ok()) own = CudaStatus(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle");
+  mine.ok = own.ok() ? 1 : 0;
+  std::strncpy(mine.error, std::string(own.message()).c_str(), sizeof(mine.error) - 1);
   LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all,
                         bootstrap_.AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
   if (!own.ok()) return own;
+  std::vector<RegionBlob> blobs(R);
   for (int r = 0; r < R; ++r) {
-    RegionBlob peer{};
-    if (all[r].size() == sizeof(RegionBlob)) std::memcpy(&peer, all[r].data(), sizeof(peer));
+    if (all[r].size() != sizeof(RegionBlob)) return absl::DataLossError(absl::StrCat("rank ", r, ": bad region blob"));
+    std::memcpy(&blobs[r], all[r].data(), sizeof(RegionBlob));
+    const RegionBlob& peer = blobs[r];
     if (peer.magic == kRegionBlobMagic && !peer.ok) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", r, " could not create its GPU buffer: ", peer.error));
     }
-  }
-  peer_bases_.assign(R, nullptr);
-  peer_bases_[rank_] = region_;
-  for (int r = 0; r < R; ++r) {
-    if (all[r].size() != sizeof(RegionBlob)) return absl::DataLossError(absl::StrCat("rank ", r, ": bad region blob"));
-    RegionBlob peer;
-    std::memcpy(&peer, all[r].data(), sizeof(peer));
     if (peer.magic != kRegionBlobMagic || peer.layout_version != protocol::kLlLayoutVersion ||
         peer.total_bytes != layout_.total_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -183,17 +206,50 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
           ") than this rank (", layout_.total_bytes, " bytes, v", protocol::kLlLayoutVersion,
           "): every rank must use the same num_max_dispatch_tokens_per_rank, hidden and num_experts"));
     }
-    if (std::strncmp(peer.host, mine.host, sizeof(mine.host)) != 0) {
-      return absl::UnimplementedError(absl::StrCat("rank ", r, " runs on host '", peer.host, "', this rank on '",
-                                                   mine.host, "': the GPU backend maps same-host peers only"));
-    }
-    if (r == rank_) continue;
+  }
+
+  // Topology (runtime/topology.h): every rank reports which peers' GPUs it can map, and all decide from the same data.
+  std::string reach_row(R, '0');
+  std::vector<std::string> host_ids(R);
+  for (int r = 0; r < R; ++r) {
+    blobs[r].host[sizeof(blobs[r].host) - 1] = '\0';
+    blobs[r].pci_bus_id[sizeof(blobs[r].pci_bus_id) - 1] = '\0';
+    host_ids[r] = blobs[r].host;
+    if (host_ids[r] == mine.host) reach_row[r] = CanReach(device_, blobs[r].pci_bus_id) ? '1' : '0';
+  }
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> rows, bootstrap_.AllGather(reach_row));
+  std::vector<std::vector<bool>> reach(R, std::vector<bool>(R, false));
+  for (int a = 0; a < R; ++a) {
+    if (static_cast<int>(rows[a].size()) != R) return absl::DataLossError(absl::StrCat("rank ", a, ": bad reach row"));
+    for (int b = 0; b < R; ++b) reach[a][b] = rows[a][b] == '1';
+  }
+  int ranks_per_node = options_.ranks_per_node;
+  if (ranks_per_node < 0) {
+    LLEP_ASSIGN_OR_RETURN(ranks_per_node, RanksPerNodeFromEnv());
+  }
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::vector<PeerPath>> all_paths, DecidePeerPaths(host_ids, reach, ranks_per_node));
+  paths_ = all_paths[rank_];
+
+  peer_bases_.assign(R, nullptr);
+  peer_bases_[rank_] = region_;
+  absl::Status mapped_all = absl::OkStatus();
+  for (int r = 0; r < R && mapped_all.ok(); ++r) {
+    if (paths_[r] != PeerPath::kNvlink) continue;
     void* mapped = nullptr;
-    LLEP_RETURN_IF_ERROR(
-        CudaStatus(cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess),
-                   absl::StrCat("mapping rank ", r, "'s region (device ", peer.device, ") with CUDA IPC")));
+    mapped_all = CudaStatus(cudaIpcOpenMemHandle(&mapped, blobs[r].handle, cudaIpcMemLazyEnablePeerAccess),
+                            absl::StrCat("mapping rank ", r, "'s region (device ", blobs[r].device, ") with CUDA IPC"));
     peer_bases_[r] = static_cast<uint8_t*>(mapped);
   }
+  if (AnyProxyPath(all_paths)) {
+    bool proxy_pairs_share_host = true;
+    for (int a = 0; a < R; ++a) {
+      for (int b = 0; b < R; ++b) {
+        if (all_paths[a][b] == PeerPath::kProxy && host_ids[a] != host_ids[b]) proxy_pairs_share_host = false;
+      }
+    }
+    LLEP_RETURN_IF_ERROR(SetUpProxy(mapped_all, proxy_pairs_share_host));
+  }
+  LLEP_RETURN_IF_ERROR(mapped_all);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint8_t*) * R));
   d_peers_ = static_cast<uint8_t**>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_peers_, peer_bases_.data(), sizeof(uint8_t*) * R, cudaMemcpyHostToDevice));
@@ -201,6 +257,8 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.rank = rank_;
   ctx_.peers = d_peers_;
   ctx_.local = region_;
+  ctx_.proxy_region = d_proxy_region_;
+  ctx_.fifos = d_fifos_;
   ctx_.done = d_workspace_;
   ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + WorkspaceCounters(R));
   ctx_.calls =
@@ -211,9 +269,103 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.metrics = d_metrics_;
   ctx_.stamps = d_stamps_;
   ctx_.metrics_layout = metrics_layout_;
-  // Nobody writes into a peer before every rank mapped every region.
+  // Nobody writes into a peer before every rank mapped every region and started its proxy.
   return bootstrap_.Barrier();
 }
+
+absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
+  const int R = layout_.shape.num_ranks;
+  std::string transport = options_.transport;
+  if (transport.empty() && std::getenv("LLEP_FABRIC_PROVIDER") != nullptr)
+    transport = std::getenv("LLEP_FABRIC_PROVIDER");
+  if (transport.empty()) {
+    // Virtual nodes of one host talk through shared memory; real nodes through the first RDMA provider present.
+    transport = "shm";
+    if (!peers_share_host) {
+      const std::vector<std::string> have = proxy::ListFabricProviders();
+      transport = "tcp;ofi_rxm";
+      for (const char* want : {"efa", "verbs;ofi_rxm"}) {
+        if (std::find(have.begin(), have.end(), want) != have.end()) {
+          transport = want;
+          break;
+        }
+      }
+    }
+  }
+  const int threads = options_.num_proxy_threads > 0 ? options_.num_proxy_threads : 1;
+  std::vector<std::unique_ptr<proxy::Transport>> transports;
+  std::vector<std::string> fields = {"", transport};  // [error or empty, transport name, one blob per thread]
+  absl::Status s = before;
+  if (s.ok()) {
+    s = [&]() -> absl::Status {
+      if (static_cast<uint64_t>(layout_.total_bytes) > protocol::kCmdMaxOffset) {
+        return absl::InvalidArgumentError(absl::StrCat("the ", layout_.total_bytes,
+                                                       "-byte region is beyond the FIFO command's offset reach (",
+                                                       protocol::kCmdMaxOffset + 1, " bytes)"));
+      }
+      void* h = nullptr;
+      // Pinned, mapped into the GPU (the kernels stage and read here) and portable (any context of the process).
+      LLEP_CUDA_RETURN_IF_ERROR(
+          cudaHostAlloc(&h, static_cast<size_t>(layout_.total_bytes), cudaHostAllocMapped | cudaHostAllocPortable));
+      h_proxy_region_ = static_cast<uint8_t*>(h);
+      std::memset(h_proxy_region_, 0, static_cast<size_t>(layout_.total_bytes));  // zero signal words: "none yet"
+      void* d = nullptr;
+      LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, h_proxy_region_, 0));
+      d_proxy_region_ = static_cast<uint8_t*>(d);
+      for (int i = 0; i < threads; ++i) {
+        auto ring = std::make_unique<CudaFifoRing>();
+        LLEP_CUDA_RETURN_IF_ERROR(ring->Init(kGpuFifoEntries));
+        rings_.push_back(std::move(ring));
+        const char* node = std::getenv("LLEP_FABRIC_NODE");
+        LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, node != nullptr ? node : "", rank_, R));
+        LLEP_RETURN_IF_ERROR(t->RegisterRegion(h_proxy_region_, static_cast<uint64_t>(layout_.total_bytes)));
+        LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());
+        fields.push_back(std::move(blob));
+        transports.push_back(std::move(t));
+      }
+      return absl::OkStatus();
+    }();
+  }
+  if (!s.ok()) fields = {std::string(s.message()).empty() ? "setup failed" : std::string(s.message()), transport};
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(PackStringList(fields)));
+  if (!s.ok()) return s;
+  std::vector<std::vector<std::string>> per_thread(threads, std::vector<std::string>(R));
+  for (int r = 0; r < R; ++r) {
+    LLEP_ASSIGN_OR_RETURN(std::vector<std::string> f, UnpackStringList(all[r]));
+    if (f.size() < 2) return absl::DataLossError(absl::StrCat("rank ", r, ": bad proxy blob"));
+    if (!f[0].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", r, " could not set up its proxy: ", f[0]));
+    }
+    if (f[1] != transport || static_cast<int>(f.size()) != 2 + threads) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", r, " uses transport '", f[1], "' with ", f.size() - 2,
+                                                        " proxy threads, this rank '", transport, "' with ", threads,
+                                                        ": all ranks must agree"));
+    }
+    for (int i = 0; i < threads; ++i) per_thread[i][r] = std::move(f[2 + i]);
+  }
+  for (int i = 0; i < threads; ++i) LLEP_RETURN_IF_ERROR(transports[i]->Connect(per_thread[i]));
+  transport_name_ = transports[0]->Name();
+  std::vector<proxy::ExternalRing> rings;
+  for (const auto& ring : rings_) rings.push_back({ring->device, ring->host, ring->abort_word()});
+  proxy::ProxyOptions po;
+  po.fifo_entries = kGpuFifoEntries;
+  // GPU hosts have cores to spare: poll without sleeping for ~1 s of idleness, so decode steps never wake a sleeper.
+  po.spin_before_sleep = EnvInt("LLEP_PROXY_SPIN", 1 << 20);
+  LLEP_ASSIGN_OR_RETURN(
+      proxy_, proxy::Proxy::Create(layout_, rank_, h_proxy_region_, std::move(transports), po, std::move(rings)));
+  std::vector<protocol::FifoRingHandle> fifos(R);
+  for (int d = 0; d < R; ++d) {
+    if (d != rank_) fifos[d] = proxy_->ring(proxy::Proxy::ThreadFor(rank_, d, proxy_->num_threads()));
+  }
+  void* p = nullptr;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(protocol::FifoRingHandle) * R));
+  d_fifos_ = static_cast<protocol::FifoRingHandle*>(p);
+  LLEP_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(d_fifos_, fifos.data(), sizeof(protocol::FifoRingHandle) * R, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+proxy::ProxyStats GpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
 
 void GpuBuffer::Release() {
   if (device_ >= 0) cudaSetDevice(device_);
@@ -221,6 +373,13 @@ void GpuBuffer::Release() {
     if (r != rank_ && peer_bases_[r] != nullptr) cudaIpcCloseMemHandle(peer_bases_[r]);
   }
   peer_bases_.clear();
+  proxy_.reset();  // joins the proxy threads before their rings and region go away
+  rings_.clear();
+  if (d_fifos_ != nullptr) cudaFree(d_fifos_);
+  if (h_proxy_region_ != nullptr) cudaFreeHost(h_proxy_region_);
+  d_fifos_ = nullptr;
+  h_proxy_region_ = nullptr;
+  d_proxy_region_ = nullptr;
   if (d_peers_ != nullptr) cudaFree(d_peers_);
   if (d_workspace_ != nullptr) cudaFree(d_workspace_);
   if (region_ != nullptr) cudaFree(region_);
@@ -266,6 +425,12 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
   if (!fatal_.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("the buffer is unusable after an earlier error (rebuild it): ", fatal_.message()));
+  }
+  if (proxy_ != nullptr && proxy_->failed()) {
+    // The proxy's own error explains whatever the kernels saw after it (pushes refused, peers timing out).
+    const absl::Status ps = proxy_->status();
+    fatal_ = absl::Status(ps.code(), absl::StrCat("the proxy (", transport_name_, ") failed: ", ps.message()));
+    return fatal_;
   }
   volatile GpuErrorInfo* e = h_error_;
   const uint32_t code = e->code;
@@ -320,6 +485,10 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
           " in its buffer half before they are known to have received it (nothing was sent): between that "
           "receive and this send, this rank must send and receive another operation, e.g. alternate dispatch and "
           "combine (replayed graphs broke the rule; runtime/call_sequence.h)"));
+      break;
+    case kernels::cuda::kGpuProxyFailed:
+      s = absl::UnavailableError(absl::StrCat(where, "the proxy serving rank ", peer,
+                                              " stopped: ", proxy_ != nullptr ? proxy_->status().ToString() : ""));
       break;
     case kernels::cuda::kGpuSequenceOverrun:
       s = absl::DataLossError(absl::StrCat(where, "rank ", peer, " already signalled call ", detail,

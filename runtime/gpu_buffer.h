@@ -1,5 +1,11 @@
-// A rank of the GPU backend on one host: the LL region in device memory, mapped into every same-host peer with
-// CUDA IPC, and the NVLink kernels of kernels/cuda/ll_kernels.h launched on the caller's stream. Layer: runtime.
+// A rank of the GPU backend: the LL region in device memory, mapped into every NVLink peer with CUDA IPC, and the
+// kernels of kernels/cuda/ll_kernels.h launched on the caller's stream. Layer: runtime.
+//
+// Peers on other nodes (other hosts, or virtual nodes of one host: runtime/topology.h) go through the CPU proxy: a
+// pinned host region of the same layout, mapped into the GPU, is registered with the proxy's transports (libfabric
+// or ibverbs); the kernels stage data there and push FIFO commands into pinned rings the proxy threads drain, and
+// the receiving proxy publishes signals there after counting every announced write. Both kinds of peer are served
+// by the same launch. GPU memory is never registered with the NIC today (host-staged path; dma-buf is the next step).
 //
 // Calls are stream-ordered and never synchronise with the device: a send returns once its kernel is queued. The
 // kernels report bad input, protocol inconsistencies and silent peers through a record in mapped host memory;
@@ -36,10 +42,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/cuda/ll_kernels.h"
+#include "proxy/proxy.h"
 #include "runtime/bootstrap.h"
 #include "runtime/call_sequence.h"
+#include "runtime/cuda_fifo_ring.h"
 #include "runtime/ll_calls.h"
 #include "runtime/protocol/ll_layout.h"
+#include "runtime/topology.h"
 
 namespace llep {
 
@@ -49,6 +58,13 @@ struct GpuBufferOptions {
   int num_ctas = 0;                            ///< CTAs per launch; 0 = the device's SM count
   bool kernel_trace = false;  ///< diagnostic timeline of the kernels (ll_kernels.h TracePoint); env LLEP_KERNEL_TRACE=1
   bool metrics = true;        ///< the kernels keep the metrics counter block (runtime/protocol/metrics_layout.h)
+  /// Virtual nodes (runtime/topology.h): -1 = env LLEP_RANKS_PER_NODE, else by host; 0 = by host; N = consecutive
+  /// groups of N ranks per node (1 = every peer through the proxy).
+  int ranks_per_node = -1;
+  /// Proxy transport (proxy/transport_factory.h): "ibverbs" or a libfabric provider; empty = env
+  /// LLEP_FABRIC_PROVIDER, else "shm" when every proxy pair shares a host and an RDMA provider otherwise.
+  std::string transport;
+  int num_proxy_threads = 1;  ///< proxy threads (each with its own ring and transport); env LLEP_PROXY_THREADS
 };
 
 /// A sent operation whose receive phase has not been launched yet (receive hooks). Copyable: the Python layer
@@ -101,6 +117,12 @@ class GpuBuffer {
   absl::Status Close();
 
   const protocol::LlLayout& layout() const { return layout_; }
+  /// How this rank reaches each rank (index = rank).
+  const std::vector<PeerPath>& peer_paths() const { return paths_; }
+  /// The proxy's transport ("libfabric/shm", ...), empty when no peer uses the proxy.
+  const std::string& transport_name() const { return transport_name_; }
+  /// Commands, writes, bytes and immediates the proxy handled (zeros without a proxy).
+  proxy::ProxyStats proxy_stats() const;
   int rank() const { return rank_; }
   int device() const { return device_; }
   int num_ctas() const { return num_ctas_; }
@@ -110,6 +132,9 @@ class GpuBuffer {
   absl::Status Init();
   absl::Status InitLocal();                          // device, limits, allocations
   absl::Status Exchange(const absl::Status& local);  // IPC handles (collective), peer mapping
+  /// Collective (every rank, when any pair uses the proxy): host-staged region, rings, transports, proxy threads.
+  /// `before` is this rank's setup status so far: a failure on any rank becomes an error on all of them.
+  absl::Status SetUpProxy(const absl::Status& before, bool peers_share_host);
   absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Clears the device's error claim after a recoverable error, on `stream` unless it is being captured.
   absl::Status RearmErrorRecord(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -124,9 +149,16 @@ class GpuBuffer {
   int rank_;
   int device_ = -1;
   int num_ctas_ = 0;
-  uint8_t* region_ = nullptr;                       // own region (device memory)
-  std::vector<uint8_t*> peer_bases_;                // [R]; peer_bases_[rank_] == region_
-  uint8_t** d_peers_ = nullptr;                     // device copy of peer_bases_
+  uint8_t* region_ = nullptr;                         // own region (device memory)
+  std::vector<uint8_t*> peer_bases_;                  // [R]; peer_bases_[rank_] == region_
+  uint8_t** d_peers_ = nullptr;                       // device copy of peer_bases_
+  std::vector<PeerPath> paths_;                       // [R] how each rank is reached
+  uint8_t* h_proxy_region_ = nullptr;                 // host-staged region (pinned, mapped), proxy paths only
+  uint8_t* d_proxy_region_ = nullptr;                 // its device alias
+  std::vector<std::unique_ptr<CudaFifoRing>> rings_;  // one per proxy thread
+  protocol::FifoRingHandle* d_fifos_ = nullptr;       // device [R]: ring serving each proxy peer
+  std::unique_ptr<proxy::Proxy> proxy_;
+  std::string transport_name_;
   uint64_t* d_workspace_ = nullptr;                 // completion counters + flags (ll_kernels.h LlDeviceContext)
   kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
   kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias

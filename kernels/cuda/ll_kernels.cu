@@ -99,6 +99,19 @@ __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
   return *reinterpret_cast<volatile const uint32_t*>(&c.flags[1]) != 0u;
 }
 
+// ------------------------------------------------------------------------------------------ proxy peers
+
+/// The region a source's signal and data arrive in: proxy sources deliver into proxy_region (ll_kernels.h).
+__device__ __forceinline__ const uint8_t* SrcBase(const LlDeviceContext& c, int src) {
+  return c.proxy_region != nullptr && c.peers[src] == nullptr ? c.proxy_region : c.local;
+}
+
+/// Pushes a command for proxy peer `dst`; the caller fenced (system scope) the staged bytes it names. A push that
+/// finds the proxy stopped records kGpuProxyFailed and returns (the operation then times out on its peers).
+__device__ void PushCmd(const LlDeviceContext& c, int dst, const protocol::FifoCmd& cmd, LlOp op, uint32_t seq) {
+  if (!protocol::FifoPush(c.fifos[dst], cmd)) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
+}
+
 // ------------------------------------------------------------------------------------------ metrics
 
 /// counters[word] += v, fire-and-forget (metrics on).
@@ -200,8 +213,9 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
   if (c.metrics != nullptr && blockIdx.x == gridDim.x - 1 && threadIdx.x == kThreads - 1) BinFinishedOps(c, seq);
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
-    const int64_t v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)),
-                                 op, src, seq, &waited);
+    const int64_t v =
+        WaitSignal(c, reinterpret_cast<const uint64_t*>(SrcBase(c, src) + c.layout.SignalOffset(half, op, src)), op,
+                   src, seq, &waited);
     if (v > max_value) RecordError(c, kGpuBadMessage, op, src, seq, v);
     const bool ok = v >= 0 && v <= max_value;
     if (!ok) *failed = 1;
@@ -239,8 +253,22 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
     }
   }
   *ctr = 0;
-  protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(c.peers[dst] + c.layout.SignalOffset(half, op, c.rank)),
-                            protocol::PackSignal(seq, n));
+  uint8_t* const peer = c.peers[dst];
+  if (peer != nullptr) {
+    protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(peer + c.layout.SignalOffset(half, op, c.rank)),
+                              protocol::PackSignal(seq, n));
+  } else {
+    // Proxy peer: every message's write command is in the ring (each CTA pushed before its completion add). The
+    // dispatch route block (counts by this CTA, headers by all, fenced before their adds) goes last, then the signal.
+    const protocol::LlLayout& L = c.layout;
+    if (op == LlOp::kDispatch) {
+      PushCmd(c, dst,
+              protocol::MakeWriteCmd(op, half, dst, L.RouteSendOffset(half, dst), L.RouteRecvOffset(half, c.rank),
+                                     protocol::RouteBlockUsedBytes(L.shape, static_cast<int>(n))),
+              op, seq);
+    }
+    PushCmd(c, dst, protocol::MakeSignalCmd(op, half, dst, protocol::PackSignal(seq, n)), op, seq);
+  }
   if (c.metrics != nullptr) StampMax(&StampSlot(c, seq).send_end);
   TraceThis(c, op, kTracePublished);
 }
@@ -587,7 +615,9 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
       if (lane == 0 && tokens > 0) atomicAdd(&sh->tokens_to_dst[k_dst], tokens);
     }
     __syncthreads();
-    auto* remote_counts = reinterpret_cast<uint32_t*>(c.peers[d] + L.RouteRecvOffset(half, c.rank));
+    uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
+    auto* remote_counts = reinterpret_cast<uint32_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
+                                                                        : c.proxy_region + L.RouteSendOffset(half, d));
     for (int i = tid; i < E_loc; i += kThreads) remote_counts[i] = static_cast<uint32_t>(counts[i]);
     if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
       for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
@@ -623,10 +653,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
         if (item == 0 && round == 0) Trace(c, LlOp::kDispatch, kTraceEncoded);
         const int c0 = cp.c0;
         const bool active = c0 < H;
-        for (unsigned m = pl.opens; m != 0; m &= m - 1) {
-          const int k = __ffs(m) - 1, d = pl.dst[k];
-          uint8_t* dstp = PeerBase(c, lane_peer, d) + L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8);
-          if (!active) continue;
+        const auto store = [&](uint8_t* dstp) {
           if (fp8) {
             St16(dstp + c0, cp.code);
             if (lane % 8 == 0) reinterpret_cast<float*>(dstp + protocol::Fp8ScalesOffset(H))[c0 / 128] = cp.scale_inv;
@@ -634,12 +661,22 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
             St16(dstp + int64_t{c0} * 2, cp.a);
             St16(dstp + int64_t{c0} * 2 + 16, cp.b);
           }
+        };
+        bool to_proxy = false;
+        for (unsigned m = pl.opens; m != 0; m &= m - 1) {
+          const int k = __ffs(m) - 1, d = pl.dst[k];
+          uint8_t* const base = PeerBase(c, lane_peer, d);
+          to_proxy |= base == nullptr;
+          if (base == nullptr || !active) continue;
+          store(base + L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8));
         }
+        // Proxy destinations share one staged copy of the payload; each gets its own write command after the round.
+        if (to_proxy && active) store(c.proxy_region + L.DispatchPayloadOffset(half, t, fp8));
       } else {
         // Header per destination: lane i writes bytes [16i, 16i + 16) of the 80-byte header.
         for (unsigned m = pl.opens; m != 0; m &= m - 1) {
           const int k = __ffs(m) - 1, d = pl.dst[k];
-          uint8_t* base = PeerBase(c, lane_peer, d);
+          uint8_t* const base = PeerBase(c, lane_peer, d);
           if (lane >= 5) continue;
           // Word 4 + i is the token's i-th selection on rank d, in top-k order (registers only: no local array).
           uint32_t words[4] = {0, 0, 0, 0};
@@ -659,7 +696,8 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
             if (wd == 2) words[i] = seq;
             if (wd == 3) words[i] = fp8 ? protocol::kMsgFlagFp8 : 0u;
           }
-          uint8_t* hdr = base + L.RouteHeaderOffset(L.RouteRecvOffset(half, c.rank), pl.slot[k]);
+          uint8_t* hdr = base != nullptr ? base + L.RouteHeaderOffset(L.RouteRecvOffset(half, c.rank), pl.slot[k])
+                                         : c.proxy_region + L.RouteHeaderOffset(L.RouteSendOffset(half, d), pl.slot[k]);
           St16(hdr + lane * 16, make_uint4(words[0], words[1], words[2], words[3]));
         }
       }
@@ -671,7 +709,18 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
       FenceSys();
       if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
       const TokenPlan& pl = sh->plan[tid];
-      for (unsigned m = pl.opens; m != 0; m &= m - 1) AddDone(c, LlOp::kDispatch, half, pl.dst[__ffs(m) - 1]);
+      const int t = blockIdx.x + (round + tid) * G;
+      for (unsigned m = pl.opens; m != 0; m &= m - 1) {
+        const int k = __ffs(m) - 1, d = pl.dst[k];
+        if (c.proxy_region != nullptr && c.peers[d] == nullptr) {  // the fence above covers the staged payload
+          PushCmd(c, d,
+                  protocol::MakeWriteCmd(LlOp::kDispatch, half, d, L.DispatchPayloadOffset(half, t, fp8),
+                                         L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8),
+                                         protocol::DispatchPayloadStride(H, fp8)),
+                  LlOp::kDispatch, seq);
+        }
+        AddDone(c, LlOp::kDispatch, half, d);
+      }
     }
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceCounterDone);
@@ -741,7 +790,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
   if (*failed) return;
   for (int i = tid; i < E; i += kThreads) {
     const int src = i / E_loc, le = i % E_loc;
-    const uint32_t v = reinterpret_cast<const uint32_t*>(c.local + L.RouteRecvOffset(half, src))[le];
+    const uint32_t v = reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];
     if (v > static_cast<uint32_t>(T)) {
       RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, -1);
       *failed = 1;
@@ -773,8 +822,9 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
   const int64_t bytes = fp8 ? H : int64_t{2} * H;
   for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
     const int src = FindBlock(msg_start, R, m), j = m - msg_start[src];
-    const uint8_t* hdr = c.local + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
-    const uint8_t* payload = c.local + L.DispatchRecvOffset(half, src, j, fp8);
+    const uint8_t* in = SrcBase(c, src);
+    const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
+    const uint8_t* payload = in + L.DispatchRecvOffset(half, src, j, fp8);
     const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
     // The header, the payload's first pass and the first scales are independent loads: all issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
@@ -900,8 +950,10 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
     const int64_t src_row = beg[q] + i;
     const uint8_t* src = p.x != nullptr ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
                                         : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
-    uint8_t* dst =
-        PeerBase(c, lane_peer, d) + L.CombineRecvOffset(half, c.rank, pos[d * E_loc + le] - pos[d * E_loc] + i);
+    const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[d * E_loc + le] - pos[d * E_loc] + i);
+    uint8_t* const peer = PeerBase(c, lane_peer, d);
+    // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
+    uint8_t* dst = peer != nullptr ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
     for (int64_t base = 0; base < row_bytes; base += kCopyPassBytes) {
       uint4 v[kCopyRegs];
       LoadCopyPass(src, row_bytes, base, v);
@@ -910,6 +962,12 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
     __syncwarp();
     if (lane == 0) {
       FenceSys();
+      if (peer == nullptr) {
+        PushCmd(c, d,
+                protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombineSendOffset(half, le, src_row), recv_off,
+                                       row_bytes),
+                LlOp::kCombine, seq);
+      }
       AddDone(c, LlOp::kCombine, half, d);
     }
   }
@@ -921,24 +979,23 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
 }
 
 struct CombineRecvPlan {
-  int64_t row_off[kK];  ///< byte offset of the returned row in the local region, -1 = skipped slot
+  const uint8_t* row[kK];  ///< the returned row (local region, or proxy_region for a proxy source), null = skipped
   float weight[kK];
 };
 
 /// acc[i] += weight[k] * row_k[c0 + i] over the token's slots in top-k order (fp32 fma, skipped slots add
 /// nothing, as the CPU backend): the K rows' loads are issued together, then the sums run in order.
 template <int kMaxK>
-__device__ __forceinline__ void ReduceChunk(const uint8_t* local, const CombineRecvPlan& rp, int K, int c0,
-                                            float (&acc)[8]) {
+__device__ __forceinline__ void ReduceChunk(const CombineRecvPlan& rp, int K, int c0, float (&acc)[8]) {
   uint4 v[kMaxK];
 #pragma unroll
   for (int k = 0; k < kMaxK; ++k) {
-    const int64_t off = k < K ? rp.row_off[k] : -1;
-    v[k] = off >= 0 ? Ld16(local + off + int64_t{c0} * 2) : make_uint4(0, 0, 0, 0);
+    const uint8_t* row = k < K ? rp.row[k] : nullptr;
+    v[k] = row != nullptr ? Ld16(row + int64_t{c0} * 2) : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int k = 0; k < kMaxK; ++k) {
-    if (k >= K || rp.row_off[k] < 0) continue;
+    if (k >= K || rp.row[k] == nullptr) continue;
     const float w = rp.weight[k];
     const uint32_t ws[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
@@ -997,13 +1054,13 @@ __device__ void CombineRecv(const CombineParams& p, uint32_t seq, uint8_t* smem)
       __syncwarp();
       if (lane < K) {
         const int g = plans[warp].id[lane];
-        int64_t off = -1;
+        const uint8_t* row = nullptr;
         if (g >= 0) {
           const int d = g / E_loc;
           const int pos_in = prefix[g] - prefix[d * E_loc] + plans[warp].row[lane];
-          off = L.CombineRecvOffset(half, d, pos_in);
+          row = SrcBase(c, d) + L.CombineRecvOffset(half, d, pos_in);
         }
-        rplans[warp].row_off[lane] = off;
+        rplans[warp].row[lane] = row;
         rplans[warp].weight[lane] = p.topk_weights[int64_t{t} * K + lane];
       }
     }
@@ -1030,9 +1087,9 @@ __device__ void CombineRecv(const CombineParams& p, uint32_t seq, uint8_t* smem)
       const int t = blockIdx.x + (round + tw) * G;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (K <= 8) {
-        ReduceChunk<8>(c.local, rplans[tw], K, c0, acc);
+        ReduceChunk<8>(rplans[tw], K, c0, acc);
       } else {
-        ReduceChunk<kK>(c.local, rplans[tw], K, c0, acc);
+        ReduceChunk<kK>(rplans[tw], K, c0, acc);
       }
       uint32_t o[4];
 #pragma unroll

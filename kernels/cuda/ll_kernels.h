@@ -7,9 +7,18 @@
 // hook are two launches of the same symbol, so profilers that look for `::dispatch` / `::combine` see one row
 // each (shared/spec/deepep-ll-api.md §8.1). No other kernel carries those words.
 //
-// Peers are same-host ranks whose regions are mapped into this process (CUDA IPC); `peers[r]` is rank r's
-// region base as this GPU sees it (`peers[rank]` is the local region). Data goes with plain stores, then one
-// release store of the signal word per (operation, destination) after every warp's data is done.
+// Two kinds of peer, mixed freely in one launch (runtime/topology.h decides):
+//  - NVLink peers: same-host ranks whose regions are mapped into this process (CUDA IPC); `peers[r]` is rank r's
+//    region base as this GPU sees it (`peers[rank]` is the local region). Data goes with plain stores, then one
+//    release store of the signal word per (operation, destination) after every warp's data is done.
+//  - Proxy peers (`peers[r] == nullptr`): the send phase stages data in `proxy_region` (pinned host memory mapped
+//    into the GPU, laid out like every region: d_payload / d_route_s / c_send of the call's half) and, after a system
+//    fence, pushes one FIFO write command per message and one signal command per destination into `fifos[r]`
+//    (runtime/protocol/fifo_cmd.h). The CPU proxy posts them as RDMA writes with immediates into the peer's
+//    proxy_region; the peer's proxy publishes the signal word there only after every announced write arrived
+//    (proxy/arrival_counter.h), so the receive phase reads a proxy source's signal, route block, payloads and combine
+//    rows from proxy_region instead of the local region. (A NIC that registers GPU memory through dma-buf could
+//    receive into the GPU region itself; the only path run today is this host-staged one.)
 //
 // Errors never trap: a kernel that finds a bad expert id, an inconsistent message or a silent peer records the
 // first such event in `error` (mapped host memory the host reads without synchronising) and skips the work it
@@ -21,6 +30,7 @@
 
 #include <cstdint>
 
+#include "runtime/protocol/fifo_ring.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/protocol/metrics_layout.h"
 
@@ -40,6 +50,7 @@ enum GpuErrorCode : uint32_t {
   kGpuInFlight = 6,         ///< a send found its half held by an unreceived operation: detail = that operation's seq
   kGpuBadReceive = 7,       ///< a receive launch whose tag names no operation waiting for it: detail = the tag
   kGpuRegionBusy = 8,       ///< a send into a region peers may still read (LlCallState): detail = its first safe seq
+  kGpuProxyFailed = 9,      ///< a FIFO push found the proxy stopped (its abort flag): peer = the destination
 };
 
 /// First error a kernel hit. Lives in mapped, pinned host memory. The right to write it is claimed with an
@@ -145,16 +156,19 @@ __host__ __device__ constexpr unsigned long long PackReceived(uint32_t seq, uint
 struct LlDeviceContext {
   protocol::LlLayout layout;
   int rank = 0;
-  uint8_t* const* peers = nullptr;  ///< device array [R]: every rank's region base in this address space
-  uint8_t* local = nullptr;         ///< this rank's region base (== peers[rank], without the load)
-  uint64_t* done = nullptr;         ///< device [2 halves][2 ops][R]: completion counters (self-resetting)
-  uint32_t* flags = nullptr;        ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
-  LlCallState* calls = nullptr;     ///< device: graph-safe sequence numbers and the in-flight rule
-  GpuErrorInfo* error = nullptr;    ///< device pointer to the mapped host error record
-  uint64_t timeout_ns = 0;          ///< receive wait limit per signal
-  uint64_t* trace = nullptr;        ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
-  uint64_t* metrics = nullptr;      ///< optional counter block (metrics_layout.h); null = metrics off
-  OpStamps* stamps = nullptr;       ///< [kStampSlots] latency stamps; set with metrics
+  uint8_t* const* peers =
+      nullptr;               ///< device array [R]: NVLink peers' region bases in this address space, null = proxy
+  uint8_t* local = nullptr;  ///< this rank's region base (== peers[rank], without the load)
+  uint8_t* proxy_region = nullptr;  ///< device alias of the host-staged region of proxy traffic; null = no proxy peers
+  const protocol::FifoRingHandle* fifos = nullptr;  ///< device array [R]: the command ring serving proxy peer r
+  uint64_t* done = nullptr;       ///< device [2 halves][2 ops][R]: completion counters (self-resetting)
+  uint32_t* flags = nullptr;      ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
+  LlCallState* calls = nullptr;   ///< device: graph-safe sequence numbers and the in-flight rule
+  GpuErrorInfo* error = nullptr;  ///< device pointer to the mapped host error record
+  uint64_t timeout_ns = 0;        ///< receive wait limit per signal
+  uint64_t* trace = nullptr;      ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
+  uint64_t* metrics = nullptr;    ///< optional counter block (metrics_layout.h); null = metrics off
+  OpStamps* stamps = nullptr;     ///< [kStampSlots] latency stamps; set with metrics
   protocol::MetricsLayout metrics_layout;
 };
 

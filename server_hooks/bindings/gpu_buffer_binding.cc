@@ -24,8 +24,11 @@ cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 class PyGpuBuffer : public BufferHolder<GpuBuffer> {
  public:
   PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s, int num_ctas,
-              bool kernel_trace, bool metrics) {
+              bool kernel_trace, bool metrics, int ranks_per_node, std::string transport, int proxy_threads) {
     GpuBufferOptions opt;
+    opt.ranks_per_node = ranks_per_node;
+    opt.transport = std::move(transport);
+    opt.num_proxy_threads = proxy_threads;
     opt.metrics = metrics;
     opt.kernel_trace = kernel_trace;
     opt.device = device;
@@ -66,6 +69,21 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
   void CheckErrors() { ThrowIfError(Live()->CheckErrors()); }
   uintptr_t NextCombineBuffer() { return reinterpret_cast<uintptr_t>(Live()->NextCombineBuffer()); }
   int num_ctas() { return Live()->num_ctas(); }
+  std::vector<std::string> PeerPaths() {
+    std::vector<std::string> out;
+    for (PeerPath p : Live()->peer_paths()) out.emplace_back(PeerPathName(p));
+    return out;
+  }
+  py::dict ProxyStats() {
+    const proxy::ProxyStats s = Live()->proxy_stats();
+    py::dict d;
+    d["transport"] = Live()->transport_name();
+    d["commands"] = s.commands;
+    d["writes_posted"] = s.writes_posted;
+    d["bytes_posted"] = s.bytes_posted;
+    d["immediates"] = s.immediates;
+    return d;
+  }
   int device() { return Live()->device(); }
   absl::Status SnapshotMetrics(std::vector<uint64_t>* out) override {
     auto w = Live()->MetricsSnapshot();
@@ -89,11 +107,18 @@ void BindGpuBuffer(py::module_& m) {
   py::class_<GpuPendingOp, std::shared_ptr<GpuPendingOp>>(m, "GpuPendingOp",
                                                           "A queued send phase waiting for its receive launch.")
       .def_property_readonly("seq", [](const GpuPendingOp& op) { return op.seq; });
-  py::class_<PyGpuBuffer> c(m, "GpuBuffer", "One rank of the NVLink GPU backend (runtime/gpu_buffer.h).");
+  py::class_<PyGpuBuffer> c(m, "GpuBuffer",
+                            "One rank of the GPU backend: NVLink and proxy peers (runtime/gpu_buffer.h).");
   BindMetricsMethods<PyGpuBuffer>(c);
-  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool>(), py::arg("T"), py::arg("H"),
-        py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("device"), py::arg("timeout_s"),
-        py::arg("num_ctas"), py::arg("kernel_trace") = false, py::arg("metrics") = true)
+  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool, int, std::string, int>(),
+        py::arg("T"), py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"),
+        py::arg("device"), py::arg("timeout_s"), py::arg("num_ctas"), py::arg("kernel_trace") = false,
+        py::arg("metrics") = true, py::arg("ranks_per_node") = -1, py::arg("transport") = "",
+        py::arg("proxy_threads") = 1)
+      .def("peer_paths", &PyGpuBuffer::PeerPaths, "How this rank reaches each rank: 'self', 'nvlink' or 'proxy'.")
+      .def("proxy_stats", &PyGpuBuffer::ProxyStats,
+           "The proxy's transport and counters (commands, writes_posted, bytes_posted, immediates); zeros and an "
+           "empty transport when every peer is reached over NVLink.")
       .def("flush_metrics", &PyGpuBuffer::FlushMetrics)
       .def("dispatch", &PyGpuBuffer::Dispatch)
       .def("combine", &PyGpuBuffer::Combine)

@@ -20,7 +20,11 @@ every replay. llep.graph_capture captures a decode step per batch size.
 Environment: LLEP_BACKEND ('cuda' / 'cpu'), LLEP_TIMEOUT_S (default 30: a silent peer becomes LlepTimeoutError
 after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_KERNEL_TRACE=1 (GPU: the kernels
 record a diagnostic timeline, read with `runtime.kernel_trace()`), LLEP_FABRIC_PROVIDER (CPU: default 'shm';
-'tcp;ofi_rxm' also works on loopback), LLEP_PROXY_THREADS (CPU: default 1).
+'tcp;ofi_rxm' also works on loopback; GPU proxy peers: 'ibverbs' or a libfabric provider, default 'shm' between
+virtual nodes of one host and the first of efa / verbs;ofi_rxm / tcp;ofi_rxm across hosts), LLEP_FABRIC_NODE
+(address socket providers bind, default 127.0.0.1), LLEP_PROXY_THREADS (default 1), LLEP_RANKS_PER_NODE=N (GPU:
+split the host into virtual nodes of N consecutive ranks whose traffic goes through the CPU proxy;
+allow_nvlink_for_low_latency_mode=False is N = 1).
 Metrics (metrics/README.md): LLEP_METRICS=0 switches the device counters off (default on); LLEP_METRICS_PORT=P
 starts a Prometheus exporter per rank on LLEP_METRICS_ADDR (default 127.0.0.1) port P + local rank (LOCAL_RANK,
 else the rank), with constant labels from LLEP_METRICS_LABELS ("model_name=m,engine=sglang") and a snapshot every
@@ -182,7 +186,9 @@ class Buffer:
             self._device = torch.device('cuda', torch.cuda.current_device())
             self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
                                            self._device.index, self._timeout_s, self._num_ctas,
-                                           os.environ.get('LLEP_KERNEL_TRACE', '0') == '1', self._metrics)
+                                           os.environ.get('LLEP_KERNEL_TRACE', '0') == '1', self._metrics,
+                                           -1 if self.allow_nvlink_for_low_latency_mode else 1,
+                                           os.environ.get('LLEP_FABRIC_PROVIDER', ''), self._proxy_threads)
         elif self.backend == 'cpu':
             self._device = torch.device('cpu')
             self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
