@@ -13,6 +13,11 @@ async_finish; each case runs many GPU iterations over both buffer halves against
 distinct inputs. Then error cases: a bad expert id is reported and the buffer stays usable; a rank that never
 calls makes its peers' kernels time out and report LlepTimeoutError instead of hanging.
 
+Inter-node path (issue #4): --ranks-per-node N splits the ranks into virtual nodes of N (LLEP_RANKS_PER_NODE), so
+traffic between nodes goes GPU -> FIFO -> CPU proxy -> libfabric (shm by default, LLEP_FABRIC_PROVIDER) -> peer's
+proxy -> GPU, and NVLink peers and proxy peers mix in one launch; every case then also checks each rank's peer paths
+and that the proxy carried commands, so the matrix cannot silently pass over NVLink alone.
+
 Runs without pytest (scripts/gpu_test.sh calls it); ranks share GPUs round-robin when fewer GPUs than ranks.
 Writes one JSON line per (case, rank) to --results and prints a summary; exit code 0 only if all passed.
 """
@@ -161,6 +166,31 @@ def _compare(ref, got, E_loc):
     return errs
 
 
+def _expected_paths(rank, R, ranks_per_node):
+    if ranks_per_node <= 0:
+        return ['self' if p == rank else 'nvlink' for p in range(R)]
+    return ['self' if p == rank else 'nvlink' if p // ranks_per_node == rank // ranks_per_node else 'proxy'
+            for p in range(R)]
+
+
+def _check_paths(buf, rank, R, ranks_per_node, ops):
+    """The topology the buffer chose, and that its proxy carried traffic exactly when some peer is remote."""
+    errs = []
+    paths = buf.runtime.peer_paths()
+    want = _expected_paths(rank, R, ranks_per_node)
+    if paths != want:
+        errs.append(f'peer paths {paths} != {want}')
+    st = buf.runtime.proxy_stats()
+    if 'proxy' in want:
+        # Per step and proxy peer at least: dispatch route block + signal, combine signal (sent and received).
+        n_proxy = want.count('proxy')
+        if st['commands'] < 3 * ops * n_proxy or st['immediates'] < 3 * ops * n_proxy or not st['transport']:
+            errs.append(f'proxy carried too little for {ops} dispatches + combines: {st}')
+    elif st['commands'] != 0 or st['transport']:
+        errs.append(f'no proxy peers, but proxy stats {st}')
+    return errs
+
+
 def _case(rank, case, gloo, log):
     name, R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters = case
     E_loc, rows = E // R, R * T
@@ -203,6 +233,8 @@ def _case(rank, case, gloo, log):
         errs.append('negative wait stats')
     if not errs:
         errs.extend(_check_metrics(gpu, iters, expected_stats, expected_sent))
+    if not errs:
+        errs.extend(_check_paths(gpu, rank, R, int(os.environ.get('LLEP_RANKS_PER_NODE', '0')), iters))
     gpu.destroy()
     cpu.destroy()
     log({'case': name, 'rank': rank, 'ok': not errs, 'errors': errs[:8], 'gpu_iters': iters,
@@ -286,8 +318,10 @@ def _error_cases(rank, R, gloo, log):
     buf.destroy()
 
 
-def _worker(rank, R, port, cases, results_path):
+def _worker(rank, R, port, cases, results_path, ranks_per_node):
     os.environ['LLEP_TIMEOUT_S'] = os.environ.get('LLEP_TIMEOUT_S', '20')
+    if ranks_per_node > 0:
+        os.environ['LLEP_RANKS_PER_NODE'] = str(ranks_per_node)
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
                             timeout=datetime.timedelta(seconds=180))
@@ -313,6 +347,8 @@ def main():
     ap.add_argument('--results', default='gpu_vs_cpu.jsonl')
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--ranks', type=int, nargs='*', default=[4, 2])
+    ap.add_argument('--ranks-per-node', type=int, default=0,
+                    help='virtual nodes of N ranks: inter-node traffic through the CPU proxy (0 = one node)')
     args = ap.parse_args()
     if not torch.cuda.is_available() or not getattr(llep._llep, 'HAVE_CUDA', False):
         print('gpu_vs_cpu: SKIPPED (no CUDA device or llep built without CUDA)')
@@ -323,7 +359,7 @@ def main():
     for R in args.ranks:
         cases = [c for c in all_cases if c[1] == R]
         try:
-            mp.spawn(_worker, args=(R, _free_port(), cases, args.results), nprocs=R, join=True)
+            mp.spawn(_worker, args=(R, _free_port(), cases, args.results, args.ranks_per_node), nprocs=R, join=True)
         except Exception as e:
             print(f'R={R}: worker failed: {e}', flush=True)
             rc = 1
