@@ -69,5 +69,68 @@ TEST(FifoGpuTest, WarpsPushHostConsumesEverythingInOrder) {
   cudaFree(failures);
 }
 
+// Warp-aggregated pushes: in round i lane l pushes when (i + l) % 3 != 0 (ragged masks), 32 x 8 warps into a
+// 512-entry ring. Every (warp, lane) stream must arrive complete and in order.
+__global__ void PushWarpKernel(protocol::FifoRingHandle ring, int rounds, int* failures) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  int sent = 0;
+  for (int i = 0; i < rounds; ++i) {
+    const bool active = (i + lane) % 3 != 0;
+    const uint64_t word = (static_cast<uint64_t>(warp) << 40) | (static_cast<uint64_t>(lane) << 32) | sent;
+    if (!protocol::FifoPushWarp(ring, protocol::MakeSignalCmd(protocol::LlOp::kDispatch, 0, lane, word), active)) {
+      if (lane == 0) atomicAdd(failures, 1);
+      return;
+    }
+    sent += active ? 1 : 0;
+  }
+}
+
+TEST(FifoGpuTest, WarpAggregatedPushesKeepEveryLaneInOrder) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  CudaFifoRing ring;
+  ASSERT_EQ(ring.Init(512), cudaSuccess);
+  constexpr int kBlocks = 32, kWarps = 8, kRounds = 300;
+  int* failures = nullptr;
+  ASSERT_EQ(cudaMalloc(&failures, sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(failures, 0, sizeof(int)), cudaSuccess);
+  PushWarpKernel<<<kBlocks, kWarps * 32>>>(ring.device, kRounds, failures);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  int per_lane_total[32] = {};
+  for (int l = 0; l < 32; ++l) {
+    for (int i = 0; i < kRounds; ++i) per_lane_total[l] += (i + l) % 3 != 0 ? 1 : 0;
+  }
+  int64_t total = 0;
+  for (int l = 0; l < 32; ++l) total += int64_t{kBlocks} * kWarps * per_lane_total[l];
+  std::vector<int> next(kBlocks * kWarps * 32, 0);
+  proxy::FifoConsumer consumer(ring.host);
+  protocol::FifoCmd out[256];
+  int64_t received = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (received < total) {
+    const int got = consumer.Poll(out, 256);
+    for (int i = 0; i < got; ++i) {
+      protocol::FifoCmdFields f{};
+      ASSERT_TRUE(protocol::DecodeCmd(out[i], &f));
+      const int warp = static_cast<int>(f.signal_word >> 40), lane = static_cast<int>((f.signal_word >> 32) & 0xFF);
+      ASSERT_LT(warp, kBlocks * kWarps);
+      ASSERT_EQ(f.dst_rank, lane);
+      ASSERT_EQ(static_cast<int>(f.signal_word & 0xFFFFFFFF), next[warp * 32 + lane]) << "warp " << warp;
+      ++next[warp * 32 + lane];
+    }
+    received += got;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ring.Abort();
+      FAIL() << "only " << received << " of " << total << " commands arrived";
+    }
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  int h_failures = -1;
+  ASSERT_EQ(cudaMemcpy(&h_failures, failures, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h_failures, 0);
+  EXPECT_EQ(consumer.Poll(out, 256), 0);
+  cudaFree(failures);
+}
+
 }  // namespace
 }  // namespace llep
