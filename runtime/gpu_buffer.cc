@@ -46,10 +46,11 @@ struct RegionBlob {
 };
 constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 
-// The device workspace: [2 halves][2 ops][R] 64-bit completion counters, one 64-bit word holding the two 32-bit
-// flags, then, 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h
-// LlDeviceContext, LlCallState). All of it starts zeroed.
-int64_t WorkspaceCounters(int R) { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
+// The device workspace: [2 halves][2 ops][R] 64-bit completion counters, the same shape of proxy-signal mirrors, one
+// 64-bit word holding the two 32-bit flags, then, 128-byte aligned (the kernels load its records in 16-byte words), the
+// call state (ll_kernels.h LlDeviceContext, LlCallState). All of it starts zeroed.
+int64_t WorkspaceCounters(int R) { return int64_t{2} * protocol::kNumHalves * protocol::kNumLlOps * R; }
+int64_t ProxySignalMirrorOffset(int R) { return WorkspaceCounters(R) / 2; }  // in 64-bit words
 int64_t CallStateOffset(int R) { return protocol::AlignUp((WorkspaceCounters(R) + 1) * 8, 128); }
 size_t WorkspaceBytes(int R) { return static_cast<size_t>(CallStateOffset(R)) + sizeof(kernels::cuda::LlCallState); }
 
@@ -260,6 +261,7 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.proxy_region = d_proxy_region_;
   ctx_.fifos = d_fifos_;
   ctx_.done = d_workspace_;
+  ctx_.proxy_signals = d_workspace_ + ProxySignalMirrorOffset(R);
   ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + WorkspaceCounters(R));
   ctx_.calls =
       reinterpret_cast<kernels::cuda::LlCallState*>(reinterpret_cast<uint8_t*>(d_workspace_) + CallStateOffset(R));

@@ -112,6 +112,22 @@ __device__ void PushCmd(const LlDeviceContext& c, int dst, const protocol::FifoC
   if (!protocol::FifoPush(c.fifos[dst], cmd)) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
 }
 
+/// Warp-collective PushCmd (converged warp): every lane with `active` pushes `cmd` for proxy peer `dst`. Lanes whose
+/// peers share a ring (one proxy thread serves many peers) push together with one claim atomic and one release store
+/// instruction (protocol::FifoPushWarp), a group per ring.
+__device__ void PushCmdWarp(const LlDeviceContext& c, int dst, const protocol::FifoCmd& cmd, bool active, LlOp op,
+                            uint32_t seq) {
+  const protocol::FifoRingHandle* h = active ? &c.fifos[dst] : nullptr;
+  const unsigned long long ring = active ? reinterpret_cast<unsigned long long>(h->ring) : 0ull;
+  for (unsigned pending = __ballot_sync(kFull, active); pending != 0;) {
+    const unsigned long long group = __shfl_sync(kFull, ring, __ffs(pending) - 1);
+    const bool mine = active && ring == group && ((pending >> (threadIdx.x % 32)) & 1u);
+    const protocol::FifoRingHandle handle = mine ? *h : protocol::FifoRingHandle{};
+    if (!protocol::FifoPushWarp(handle, cmd, mine) && mine) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
+    pending &= ~__ballot_sync(kFull, mine);
+  }
+}
+
 // ------------------------------------------------------------------------------------------ metrics
 
 /// counters[word] += v, fire-and-forget (metrics on).
@@ -213,9 +229,24 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
   if (c.metrics != nullptr && blockIdx.x == gridDim.x - 1 && threadIdx.x == kThreads - 1) BinFinishedOps(c, seq);
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
-    const int64_t v =
-        WaitSignal(c, reinterpret_cast<const uint64_t*>(SrcBase(c, src) + c.layout.SignalOffset(half, op, src)), op,
-                   src, seq, &waited);
+    int64_t v;
+    if (c.proxy_region != nullptr && c.peers[src] == nullptr) {
+      // A proxy source signals in host memory. CTA 0 alone polls it there and forwards the word to a device-memory
+      // mirror the other CTAs poll: every CTA polling host memory floods PCIe with reads and slows the whole path.
+      uint64_t* mirror =
+          c.proxy_signals + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + src;
+      if (blockIdx.x == 0) {
+        v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.proxy_region + c.layout.SignalOffset(half, op, src)), op,
+                       src, seq, &waited);
+        // This thread's acquire saw the proxy's release; its release here carries that to the other CTAs.
+        if (v >= 0) protocol::StoreReleaseSys(mirror, protocol::PackSignal(seq, static_cast<uint32_t>(v)));
+      } else {
+        v = WaitSignal(c, mirror, op, src, seq, &waited);
+      }
+    } else {
+      v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)), op, src, seq,
+                     &waited);
+    }
     if (v > max_value) RecordError(c, kGpuBadMessage, op, src, seq, v);
     const bool ok = v >= 0 && v <= max_value;
     if (!ok) *failed = 1;
@@ -704,23 +735,28 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
     }
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceStored);
-    if (tid < n) {
-      // One increment per (token, destination) message, after a system fence that follows the CTA barrier.
-      FenceSys();
+    if (warp == 0) {
+      // Lane i < n owns the round's token i (n <= kWarps <= 32). One increment per (token, destination) message,
+      // after a system fence that follows the CTA barrier (it also orders the staged payloads before their commands).
+      const bool mine = lane < n;
+      if (mine) FenceSys();
       if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
-      const TokenPlan& pl = sh->plan[tid];
-      const int t = blockIdx.x + (round + tid) * G;
-      for (unsigned m = pl.opens; m != 0; m &= m - 1) {
-        const int k = __ffs(m) - 1, d = pl.dst[k];
-        if (c.proxy_region != nullptr && c.peers[d] == nullptr) {  // the fence above covers the staged payload
-          PushCmd(c, d,
-                  protocol::MakeWriteCmd(LlOp::kDispatch, half, d, L.DispatchPayloadOffset(half, t, fp8),
-                                         L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8),
-                                         protocol::DispatchPayloadStride(H, fp8)),
-                  LlOp::kDispatch, seq);
+      const TokenPlan& pl = sh->plan[mine ? lane : 0];
+      const int t = blockIdx.x + (round + lane) * G;
+      const unsigned opens = mine ? pl.opens : 0u;
+      if (c.proxy_region != nullptr) {
+        for (int k = 0; k < K; ++k) {  // warp-uniform: the k-th selection of every lane's token
+          const int d = ((opens >> k) & 1u) ? pl.dst[k] : -1;
+          const bool push = d >= 0 && c.peers[d] == nullptr;
+          const protocol::FifoCmd cmd =
+              push ? protocol::MakeWriteCmd(LlOp::kDispatch, half, d, L.DispatchPayloadOffset(half, t, fp8),
+                                            L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8),
+                                            protocol::DispatchPayloadStride(H, fp8))
+                   : protocol::FifoCmd{};
+          PushCmdWarp(c, d, cmd, push, LlOp::kDispatch, seq);
         }
-        AddDone(c, LlOp::kDispatch, half, d);
       }
+      for (unsigned m = opens; m != 0; m &= m - 1) AddDone(c, LlOp::kDispatch, half, pl.dst[__ffs(m) - 1]);
     }
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceCounterDone);

@@ -161,7 +161,10 @@ struct LlDeviceContext {
   uint8_t* local = nullptr;  ///< this rank's region base (== peers[rank], without the load)
   uint8_t* proxy_region = nullptr;  ///< device alias of the host-staged region of proxy traffic; null = no proxy peers
   const protocol::FifoRingHandle* fifos = nullptr;  ///< device array [R]: the command ring serving proxy peer r
-  uint64_t* done = nullptr;       ///< device [2 halves][2 ops][R]: completion counters (self-resetting)
+  uint64_t* done = nullptr;  ///< device [2 halves][2 ops][R]: completion counters (self-resetting)
+  /// device [2 halves][2 ops][R]: proxy sources' signal words as CTA 0 saw them in proxy_region, so the other CTAs
+  /// poll device memory instead of all of them reading host memory over PCIe (bench/RESULTS.md)
+  uint64_t* proxy_signals = nullptr;
   uint32_t* flags = nullptr;      ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
   LlCallState* calls = nullptr;   ///< device: graph-safe sequence numbers and the in-flight rule
   GpuErrorInfo* error = nullptr;  ///< device pointer to the mapped host error record
