@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -28,6 +30,26 @@ namespace {
 __global__ void FloodKernel(protocol::FifoRingHandle ring, int per_warp) {
   if (threadIdx.x % 32 != 0) return;
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  for (int i = 0; i < per_warp; ++i) {
+    if (!protocol::FifoPush(ring, protocol::MakeWriteCmd(protocol::LlOp::kDispatch, 0, warp & 0xFFFF, 0, 16 * i, 7392)))
+      return;
+  }
+}
+
+// Several rings (the proxy's layout: one ring and one consumer thread per proxy thread): CTA b pushes into ring
+// b % num_rings, so a ring's producers are whole SMs.
+// per_warp counts commands per warp: with `batched`, lanes push 32 at a time (FifoPushWarp), else lane 0 alone.
+__global__ void FloodRingsKernel(const protocol::FifoRingHandle* rings, int num_rings, int per_warp, bool batched) {
+  const protocol::FifoRingHandle ring = rings[blockIdx.x % num_rings];
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (batched) {
+    for (int i = 0; i < per_warp; i += 32) {
+      const auto cmd = protocol::MakeWriteCmd(protocol::LlOp::kDispatch, 0, warp & 0xFFFF, 0, 16 * (i + lane), 7392);
+      if (!protocol::FifoPushWarp(ring, cmd, true)) return;
+    }
+    return;
+  }
+  if (lane != 0) return;
   for (int i = 0; i < per_warp; ++i) {
     if (!protocol::FifoPush(ring, protocol::MakeWriteCmd(protocol::LlOp::kDispatch, 0, warp & 0xFFFF, 0, 16 * i, 7392)))
       return;
@@ -79,6 +101,68 @@ int Main() {
     }
     CHECK_CUDA(cudaDeviceSynchronize());
     std::printf("%4d x %-23d %14.1f %14lld\n", blocks, warps, total / secs / 1e6, static_cast<long long>(total));
+  }
+
+  // Several rings, one consumer thread each, all SMs producing.
+  std::printf("\n%-8s %-6s %-26s %14s %14s\n", "push", "rings", "producers (blocks x warps)", "M commands/s",
+              "commands");
+  for (const bool batched : {false, true}) {
+    for (const int num_rings : {1, 2, 4, 8}) {
+      for (const auto& [blocks, warps] : std::vector<std::pair<int, int>>{{132, 1}, {132, 4}, {132, 8}}) {
+        std::vector<std::unique_ptr<CudaFifoRing>> rings;
+        std::vector<protocol::FifoRingHandle> handles;
+        for (int r = 0; r < num_rings; ++r) {
+          rings.push_back(std::make_unique<CudaFifoRing>());
+          CHECK_CUDA(rings.back()->Init(8192));
+          handles.push_back(rings.back()->device);
+        }
+        protocol::FifoRingHandle* d_handles = nullptr;
+        CHECK_CUDA(cudaMalloc(&d_handles, sizeof(protocol::FifoRingHandle) * num_rings));
+        CHECK_CUDA(cudaMemcpy(d_handles, handles.data(), sizeof(protocol::FifoRingHandle) * num_rings,
+                              cudaMemcpyHostToDevice));
+        const int per_warp = (std::max(2000, (batched ? 32000000 : 8000000) / (blocks * warps)) + 31) / 32 * 32;
+        std::vector<int64_t> expected(num_rings, 0);
+        for (int b = 0; b < blocks; ++b) expected[b % num_rings] += int64_t{warps} * per_warp;
+        std::atomic<int64_t> total_got{0};
+        std::atomic<bool> stop{false};
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<std::thread> consumers;
+        for (int r = 0; r < num_rings; ++r) {
+          consumers.emplace_back([&, r] {
+            proxy::FifoConsumer consumer(rings[r]->host);
+            protocol::FifoCmd out[512];
+            int64_t got = 0;
+            while (got < expected[r] && !stop.load(std::memory_order_relaxed)) got += consumer.Poll(out, 512);
+            total_got += got;
+          });
+        }
+        FloodRingsKernel<<<blocks, warps * 32>>>(d_handles, num_rings, per_warp, batched);
+        CHECK_CUDA(cudaGetLastError());
+        const auto deadline = t0 + std::chrono::seconds(20);
+        while (cudaStreamQuery(nullptr) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+        const bool timed_out = cudaStreamQuery(nullptr) == cudaErrorNotReady;
+        if (timed_out) {
+          for (auto& ring : rings) ring->Abort();
+        }
+        for (auto& t : consumers) {
+          if (timed_out) stop = true;
+          t.join();
+        }
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK_CUDA(cudaDeviceSynchronize());
+        cudaFree(d_handles);
+        const int64_t total = int64_t{blocks} * warps * per_warp;
+        if (timed_out || total_got.load() != total) {
+          std::printf("%-8s %-6d %4d x %-19d timed out: %lld of %lld\n", batched ? "warp" : "lane0", num_rings, blocks,
+                      warps, static_cast<long long>(total_got.load()), static_cast<long long>(total));
+          continue;
+        }
+        std::printf("%-8s %-6d %4d x %-19d %14.1f %14lld\n", batched ? "warp" : "lane0", num_rings, blocks, warps,
+                    total / secs / 1e6, static_cast<long long>(total));
+      }
+    }
   }
 
   CudaFifoRing ring;

@@ -254,7 +254,7 @@ def _max_over_ranks(v):
     return t.item()
 
 
-def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines):
+def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines, proxy):
     # A stuck rank prints every thread's stack and exits instead of holding the GPUs until an outer timeout.
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '240')), exit=True)
     torch.cuda.set_device(rank)
@@ -286,6 +286,25 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines):
         r['num_ctas'] = buf.runtime.num_ctas
         rows.append(r)
     buf.destroy()
+    if proxy:
+        # The inter-node path on the same GPUs: every peer through the CPU proxy (DeepEP's
+        # allow_nvlink_for_low_latency_mode=False), libfabric per LLEP_FABRIC_PROVIDER (default shm, host-staged).
+        say('llep over NVLink done; the proxy path next')
+        pbuf = llep.Buffer(group, low_latency_mode=True, explicitly_destroy=True,
+                           allow_nvlink_for_low_latency_mode=False)
+        pbuf.backend = 'cuda'
+        pbuf._num_ctas = num_ctas
+        for r in rows:
+            T = r['T']
+            pbuf.clean_low_latency_buffer(_buffer_tokens(T, R), H, E)
+            pr = _bench_llep(pbuf, rank, R, T, dev, max(20, iters // 4))
+            pr.pop('trace')
+            pr = {k: _max_over_ranks(v) for k, v in pr.items() if k.endswith('_us')}
+            say(f'llep proxy T={T}: ' + ', '.join(f'{k} {v:.1f}' for k, v in pr.items()))
+            r.update({f'proxy_{k}': v for k, v in pr.items()})
+        r0 = rows[0]
+        r0['proxy_transport'] = pbuf.runtime.proxy_stats()['transport']
+        pbuf.destroy()
     nccl = _ALIGN['nccl']
     if baselines:
         say('llep done; NCCL all_to_all_single baseline next')
@@ -309,17 +328,22 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines):
               'hook columns: send/recv launches')
         hdr = (f'{"T":>4} | {"dispatch":>8} {"combine":>8} {"sum":>7} | {"d.send":>6} {"d.recv":>6} {"c.send":>6} '
                f'{"c.recv":>6} | {"ev.disp":>7} {"ev.comb":>7} {"ev.rt":>7} | {"a2a(d)":>6} {"a2a(c)":>6} | '
-               f'{"DeepEP d/c":>11}')
+               f'{"DeepEP d/c":>11} | {"proxy d/c":>11} {"proxy rt":>8}')
         print(hdr)
         for r in rows:
             dd = (f'{r["deepep_dispatch_us"]:.1f}/{r["deepep_combine_us"]:.1f}' if 'deepep_dispatch_us' in r
                   else '-')
+            pd = (f'{r["proxy_dispatch_us"]:.1f}/{r["proxy_combine_us"]:.1f}' if 'proxy_dispatch_us' in r else '-')
             print(f'{r["T"]:>4} | {r["dispatch_us"]:>8.1f} {r["combine_us"]:>8.1f} '
                   f'{r["dispatch_us"] + r["combine_us"]:>7.1f} | {r["dispatch_send_us"]:>6.1f} '
                   f'{r["dispatch_recv_us"]:>6.1f} {r["combine_send_us"]:>6.1f} {r["combine_recv_us"]:>6.1f} | '
                   f'{r["ev_dispatch_us"]:>7.1f} {r["ev_combine_us"]:>7.1f} {r["ev_round_trip_us"]:>7.1f} | '
                   f'{r.get("a2a_dispatch_bytes_us", float("nan")):>6.1f} '
-                  f'{r.get("a2a_combine_bytes_us", float("nan")):>6.1f} | {dd:>11}', flush=True)
+                  f'{r.get("a2a_combine_bytes_us", float("nan")):>6.1f} | {dd:>11} | '
+                  f'{pd:>11} {r.get("proxy_ev_round_trip_us", float("nan")):>8.1f}', flush=True)
+        if proxy:
+            print(f'proxy = every peer through the CPU proxy ({rows[0].get("proxy_transport", "?")}, host-staged): '
+                  'kernel dispatch/combine and event round trip, the inter-node path on these GPUs')
         if json_path:
             with open(json_path, 'w') as f:
                 json.dump({'ranks': R, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H, 'experts': E,
@@ -336,6 +360,7 @@ def main():
     ap.add_argument('--num-ctas', type=int, default=int(os.environ.get('LLEP_NUM_CTAS', '0')))
     ap.add_argument('--no-baselines', action='store_true', help='llep alone (no NCCL all_to_all, no DeepEP)')
     ap.add_argument('--trace', action='store_true', help="print the kernels' diagnostic timeline per T")
+    ap.add_argument('--no-proxy', action='store_true', help='skip the proxy-path (inter-node) measurement')
     args = ap.parse_args()
     if not torch.cuda.is_available() or not getattr(llep._llep, 'HAVE_CUDA', False):
         print('ll_gpu_bench: no CUDA device (or llep built without CUDA)')
@@ -347,7 +372,7 @@ def main():
         print(f'll_gpu_bench: needs at least 2 GPUs, found {torch.cuda.device_count()}')
         return 1
     mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json, args.num_ctas,
-                            not args.no_baselines), nprocs=R, join=True)
+                            not args.no_baselines, not args.no_proxy), nprocs=R, join=True)
     return 0
 
 
