@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run on the GPU machine: builds (scripts/gpu_build.sh), runs the GPU unit tests (ctest label gpu), the
-# GPU-vs-CPU correctness matrix through the Python API (tests/gpu/gpu_vs_cpu.py) and the CUDA-graph soak
+# GPU-vs-CPU correctness matrix through the Python API (tests/gpu/gpu_vs_cpu.py), the same matrix (--quick) over the
+# inter-node path (the GPUs split into 2 virtual nodes: NVLink and proxy peers in one launch), the CUDA-graph soak
 # (tests/gpu/graph_test.py, arguments from LLEP_GRAPH_TEST_ARGS), then, with --bench, the GPU
 # benchmark (bench/ll_gpu_bench.py), and with --all every other test too; --bench-only builds the Python
 # package alone and runs just the benchmark. Prints a summary last; full logs go
@@ -31,6 +32,11 @@ if [ $tests = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_unit_tests.log" 2>&1 || rc=1
   timeout 420 python3 tests/gpu/gpu_vs_cpu.py --results "$LOGS/gpu_vs_cpu.jsonl" "$@" > "$LOGS/gpu_vs_cpu.log" 2>&1 ||
     rc=1
+  ngpu=$(nvidia-smi -L | wc -l)
+  if [ "$ngpu" -ge 2 ]; then
+    timeout 300 python3 tests/gpu/gpu_vs_cpu.py --quick --ranks "$ngpu" --ranks-per-node $((ngpu / 2)) \
+      --results "$LOGS/gpu_vs_cpu_proxy.jsonl" > "$LOGS/gpu_vs_cpu_proxy.log" 2>&1 || rc=1
+  fi
   timeout 300 python3 tests/gpu/graph_test.py --results "$LOGS/graph_test.jsonl" ${LLEP_GRAPH_TEST_ARGS:-} \
     > "$LOGS/graph_test.log" 2>&1 || rc=1
 fi
@@ -44,6 +50,8 @@ fi
 if [ $tests = 1 ]; then
   echo "== GPU unit tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_unit_tests.log" | head -20
   echo "== GPU vs CPU"; grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu.log" | head -40
+  echo "== GPU vs CPU over 2 virtual nodes (proxy path)"
+  grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu_proxy.log" 2>/dev/null | head -20
   echo "== CUDA graphs"; grep -E "PASS|FAIL|rank .*:|graph_test:|Error" "$LOGS/graph_test.log" | head -30
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }

@@ -10,7 +10,8 @@ capture) while the metrics exporter's collector thread snapshots every milliseco
   two_microbatches  dispatch-send A, dispatch-send B, hook A, hook B, combine A, combine B, hooks (FP8 round_scale)
   odd_calls         dispatch, combine, the same combine again: 3 calls, so each replay flips the parity a host
                     counter would bake (DeepEP#93)
-Then it replays them --steps times (default 10,000) in random order: each step all ranks pick the same kind and
+With LLEP_RANKS_PER_NODE set (virtual nodes), the same runs over the inter-node path and checks that the replays'
+kernels pushed their traffic to the CPU proxy. Then it replays them --steps times (default 10,000) in random order: each step all ranks pick the same kind and
 input variant, each rank its own graph size among those that hold its tokens (so ranks replay different graphs at
 once), and every result (combined output, recv_count, layout_range, recv_x bytes, scales, src_info of every
 dispatch) is compared bit for bit with the CPU backend's result for that variant on the GPU, without a host sync
@@ -162,6 +163,13 @@ def _soak(rank, R, T, steps, gloo, log):
         if bool(graph_steps.mismatch(got, ref)):
             e2.append(f'{name}: {graph_steps.describe_mismatch(got, ref)}')
     log({'check': 'eager_calls_mix_with_replays', 'rank': rank, 'ok': not e2, 'errors': e2})
+    if int(os.environ.get('LLEP_RANKS_PER_NODE', '0')) > 0:
+        # Virtual nodes: the replays must really have gone through the proxy (FIFO commands pushed by replayed
+        # kernels, no host work per step), not silently over NVLink.
+        paths, st = gpu.runtime.peer_paths(), gpu.runtime.proxy_stats()
+        e3 = [] if 'proxy' in paths and st['commands'] >= steps else [f'paths {paths}, proxy stats {st}']
+        log({'check': 'replays_went_through_the_proxy', 'rank': rank, 'ok': not e3, 'errors': e3,
+             'proxy_commands': st['commands']})
     for g in graphs.values():
         g.reset()
     torch.cuda.synchronize()
