@@ -46,13 +46,18 @@ struct RegionBlob {
 };
 constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 
-// The device workspace: [2 halves][2 ops][R] 64-bit completion counters, the same shape of proxy-signal mirrors, one
-// 64-bit word holding the two 32-bit flags, then, 128-byte aligned (the kernels load its records in 16-byte words), the
-// call state (ll_kernels.h LlDeviceContext, LlCallState). All of it starts zeroed.
-int64_t WorkspaceCounters(int R) { return int64_t{2} * protocol::kNumHalves * protocol::kNumLlOps * R; }
-int64_t ProxySignalMirrorOffset(int R) { return WorkspaceCounters(R) / 2; }  // in 64-bit words
-int64_t CallStateOffset(int R) { return protocol::AlignUp((WorkspaceCounters(R) + 1) * 8, 128); }
-size_t WorkspaceBytes(int R) { return static_cast<size_t>(CallStateOffset(R)) + sizeof(kernels::cuda::LlCallState); }
+// The device workspace, in 64-bit words: [2 halves][2 ops][R] completion counters, the same shape of proxy-signal
+// mirrors, [2 halves][E] proxy block counters (combine coalescing), one word holding the two 32-bit flags, then,
+// 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h LlDeviceContext,
+// LlCallState). All of it starts zeroed.
+struct Workspace {
+  int64_t R, E;
+  int64_t mirrors() const { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
+  int64_t blocks() const { return 2 * mirrors(); }
+  int64_t flags() const { return blocks() + int64_t{protocol::kNumHalves} * E; }
+  int64_t call_state_bytes() const { return protocol::AlignUp((flags() + 1) * 8, 128); }
+  size_t bytes() const { return static_cast<size_t>(call_state_bytes()) + sizeof(kernels::cuda::LlCallState); }
+};
 
 /// Whether this process's device can map `bus_id`'s memory. A device this process cannot see (CUDA_VISIBLE_DEVICES)
 /// counts as reachable: CUDA IPC may still map it, and opening the handle reports it if not.
@@ -140,9 +145,10 @@ absl::Status GpuBuffer::InitLocal() {
   region_ = static_cast<uint8_t*>(p);
   // Zeroed signal words read "never signalled" (signal.h), so the region needs no per-call cleaning.
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(region_, 0, static_cast<size_t>(layout_.total_bytes)));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, WorkspaceBytes(R)));
+  const Workspace ws{R, shape.num_experts};
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, ws.bytes()));
   d_workspace_ = static_cast<uint64_t*>(p);
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, WorkspaceBytes(R)));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(GpuErrorInfo), cudaHostAllocMapped));
   h_error_ = static_cast<GpuErrorInfo*>(p);
   std::memset(h_error_, 0, sizeof(GpuErrorInfo));
@@ -261,10 +267,12 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.proxy_region = d_proxy_region_;
   ctx_.fifos = d_fifos_;
   ctx_.done = d_workspace_;
-  ctx_.proxy_signals = d_workspace_ + ProxySignalMirrorOffset(R);
-  ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + WorkspaceCounters(R));
+  const Workspace ws{R, layout_.shape.num_experts};
+  ctx_.proxy_signals = d_workspace_ + ws.mirrors();
+  ctx_.proxy_blocks = d_workspace_ + ws.blocks();
+  ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + ws.flags());
   ctx_.calls =
-      reinterpret_cast<kernels::cuda::LlCallState*>(reinterpret_cast<uint8_t*>(d_workspace_) + CallStateOffset(R));
+      reinterpret_cast<kernels::cuda::LlCallState*>(reinterpret_cast<uint8_t*>(d_workspace_) + ws.call_state_bytes());
   ctx_.error = d_error_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   ctx_.trace = d_trace_;

@@ -999,10 +999,21 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
     if (lane == 0) {
       FenceSys();
       if (peer == nullptr) {
-        PushCmd(c, d,
-                protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombineSendOffset(half, le, src_row), recv_off,
-                                       row_bytes),
-                LlOp::kCombine, seq);
+        // One write per (local expert, destination) block, not per row: the block is contiguous in the staging and
+        // at the destination (row stride on both sides), and messages, not bytes, bound proxy transports (per-row
+        // writes measured in bench/RESULTS.md). The warp that stages the block's last row sends it; the acquire
+        // of its count makes the other warps' fenced rows part of what its command releases.
+        uint64_t* staged = c.proxy_blocks + int64_t{half} * E + q;
+        uint64_t before;
+        asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(before) : "l"(staged) : "memory");
+        if (before + 1 == static_cast<uint64_t>(cnt[q])) {
+          *staged = 0;  // the next combine on this half is a later launch (stream order)
+          PushCmd(c, d,
+                  protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombineSendOffset(half, le, beg[q]),
+                                         recv_off - int64_t{i} * L.combine_stride,
+                                         int64_t{cnt[q] - 1} * L.combine_stride + row_bytes),
+                  LlOp::kCombine, seq);
+        }
       }
       AddDone(c, LlOp::kCombine, half, d);
     }

@@ -165,6 +165,9 @@ struct LlDeviceContext {
   /// device [2 halves][2 ops][R]: proxy sources' signal words as CTA 0 saw them in proxy_region, so the other CTAs
   /// poll device memory instead of all of them reading host memory over PCIe (bench/RESULTS.md)
   uint64_t* proxy_signals = nullptr;
+  /// device [2 halves][E]: rows staged per combine block (local expert, proxy destination); the warp that stages a
+  /// block's last row sends the whole block as one write and resets the counter
+  uint64_t* proxy_blocks = nullptr;
   uint32_t* flags = nullptr;      ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
   LlCallState* calls = nullptr;   ///< device: graph-safe sequence numbers and the in-flight rule
   GpuErrorInfo* error = nullptr;  ///< device pointer to the mapped host error record
