@@ -44,6 +44,7 @@ struct Proxy::Thread {
   std::vector<FifoCmdFields> fields;
   std::vector<uint32_t> writes_since_signal;  // [op][half][dst]
   std::vector<uint8_t> outbox_busy;           // [op][half][dst]
+  std::vector<uint64_t> last_signal;          // [op][half][dst]: the word the peer holds (ordered-atomic signals)
   std::vector<Completion> completions;
   std::thread thread;
   std::atomic<uint64_t> commands{0}, writes_posted{0}, bytes_posted{0}, immediates{0};
@@ -91,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& l
     t->fields.resize(options.max_batch);
     t->writes_since_signal.assign(keys, 0);
     t->outbox_busy.assign(keys, 0);
+    t->last_signal.assign(keys, 0);
     t->completions.resize(64);
     p->threads_.push_back(std::move(t));
   }
@@ -189,8 +191,10 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
                                                   f.remote_off, " leaves the ", region_bytes, "-byte region"));
       }
       if (f.bytes == 0) return absl::DataLossError("FIFO write command of zero bytes");
-      // Every posted piece carries a data immediate and is counted, so splitting is invisible to the receiver.
-      const uint32_t imm = protocol::PackImm(protocol::ImmKind::kData, f.op, f.half, rank_);
+      // Every posted piece carries a data immediate and is counted, so splitting is invisible to the receiver. With
+      // ordered atomics the signal itself follows the data in order: plain writes, nothing to count.
+      const uint32_t imm =
+          t->transport->OrderedAtomics() ? 0u : protocol::PackImm(protocol::ImmKind::kData, f.op, f.half, rank_);
       const uint64_t max = t->transport->MaxWriteBytes();
       for (uint64_t done = 0; done < f.bytes;) {
         const uint64_t chunk = std::min(max, f.bytes - done);
@@ -199,6 +203,16 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
         ++t->writes_since_signal[key];
         done += chunk;
       }
+      continue;
+    }
+    if (t->transport->OrderedAtomics()) {
+      // The peer's signal word for (op, half, this rank) is written only by these adds and starts at zero, so adding
+      // the difference to the word it holds leaves exactly the new word (modulo 2^64), after all data before it.
+      const uint64_t add = f.signal_word - t->last_signal[key];
+      t->last_signal[key] = f.signal_word;
+      auto s = PostAtomic(t, f.dst_rank, static_cast<uint64_t>(layout_.SignalOffset(f.half, f.op, rank_)), add);
+      if (!s.ok()) return s;
+      t->writes_since_signal[key] = 0;
       continue;
     }
     // kSignal: the outbox slot for (op, half, dst) is reused every other call; wait for its previous write.
@@ -235,6 +249,20 @@ absl::Status Proxy::Post(Thread* t, int dst, uint64_t local_off, uint64_t remote
   }
   t->writes_posted.fetch_add(1, std::memory_order_relaxed);
   t->bytes_posted.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Proxy::PostAtomic(Thread* t, int dst, uint64_t remote_off, uint64_t add) {
+  for (;;) {
+    auto posted = t->transport->PostAtomicAdd(dst, remote_off, add, kDataCookie);
+    if (!posted.ok()) return posted.status();
+    if (*posted) break;
+    bool ignored = false;
+    auto s = Progress(t, &ignored);
+    if (!s.ok()) return s;
+    if (stop_.load(std::memory_order_acquire)) return absl::AbortedError("proxy stopping");
+  }
+  t->writes_posted.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

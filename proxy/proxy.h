@@ -7,7 +7,9 @@
 // Per popped batch the thread groups commands by destination (stable, so per-destination order is kept),
 // merges adjacent writes that are contiguous on both sides into one RDMA write, and posts them. For a kSignal it
 // stages an InboxSlot announcing how many data writes it posted for that (op, half, destination) since the last
-// signal, then writes the slot to the peer's inbox with a signal immediate.
+// signal, then writes the slot to the peer's inbox with a signal immediate. On transports whose writes and atomics
+// take effect in order (Transport::OrderedAtomics: ibverbs RC) data goes as plain writes and the signal as a remote
+// atomic add onto the peer's signal word, so the receiving proxy does nothing.
 #pragma once
 
 #include <atomic>
@@ -82,6 +84,7 @@ class Proxy {
   absl::Status PostBatch(Thread* t, int n);
   absl::Status Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
                     uint64_t cookie);
+  absl::Status PostAtomic(Thread* t, int dst, uint64_t remote_off, uint64_t add);
   absl::Status Progress(Thread* t, bool* did_work);
 
   protocol::LlLayout layout_;

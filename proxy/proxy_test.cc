@@ -1,6 +1,7 @@
 // Proxy threads over an in-process fake network that delivers each receiver's writes in random order (as EFA
 // may): signals must still appear only after their data, batches merge and split as specified, and transport
-// failures surface as a Status plus the abort flag rather than a hang.
+// failures surface as a Status plus the abort flag rather than a hang. An ordered variant with remote atomics models
+// RC QPs: signals become atomic adds on the peer's signal word and nothing is counted at the receiver.
 #include "proxy/proxy.h"
 
 #include <gtest/gtest.h>
@@ -29,22 +30,37 @@ class FakeNetwork {
     uint64_t remote_off;
     std::string bytes;
     uint32_t imm;
+    bool atomic_add = false;  // bytes hold the 8-byte addend
   };
-  explicit FakeNetwork(int ranks) : regions_(ranks), inflight_(ranks), done_(ranks), rng_(5) {}
+  explicit FakeNetwork(int ranks, bool ordered = false)
+      : regions_(ranks), inflight_(ranks), done_(ranks), rng_(5), ordered_(ordered) {}
   void Attach(int rank, uint8_t* region) { regions_[rank] = region; }
   void Send(int src, int dst, const uint8_t* data, uint64_t bytes, uint64_t remote_off, uint32_t imm, uint64_t cookie) {
     std::lock_guard<std::mutex> lock(mu_);
     inflight_[dst].push_back({remote_off, std::string(reinterpret_cast<const char*>(data), bytes), imm});
     done_[src].push_back(cookie);
   }
-  // Lands one random in-flight write (data, then its completion), like an unordered NIC.
-  bool Deliver(int dst, Completion* c) {
+  void Atomic(int src, int dst, uint64_t remote_off, uint64_t add, uint64_t cookie) {
+    std::lock_guard<std::mutex> lock(mu_);
+    inflight_[dst].push_back({remote_off, std::string(reinterpret_cast<const char*>(&add), 8), 0, true});
+    done_[src].push_back(cookie);
+  }
+  // Lands one in-flight operation (data, then its completion if it carries an immediate): a random one, like an
+  // unordered NIC, or the oldest when ordered (RC). Returns false when nothing is in flight.
+  bool Deliver(int dst, Completion* c, bool* completion) {
     std::lock_guard<std::mutex> lock(mu_);
     if (inflight_[dst].empty()) return false;
-    const size_t i = rng_() % inflight_[dst].size();
+    const size_t i = ordered_ ? 0 : rng_() % inflight_[dst].size();
     Delivery d = std::move(inflight_[dst][i]);
     inflight_[dst].erase(inflight_[dst].begin() + static_cast<long>(i));
-    std::memcpy(regions_[dst] + d.remote_off, d.bytes.data(), d.bytes.size());
+    if (d.atomic_add) {
+      uint64_t add = 0;
+      std::memcpy(&add, d.bytes.data(), 8);
+      __atomic_fetch_add(reinterpret_cast<uint64_t*>(regions_[dst] + d.remote_off), add, __ATOMIC_RELEASE);
+    } else {
+      std::memcpy(regions_[dst] + d.remote_off, d.bytes.data(), d.bytes.size());
+    }
+    *completion = d.imm != 0;
     *c = Completion{Completion::Kind::kRemoteImm, 0, d.imm};
     return true;
   }
@@ -62,6 +78,7 @@ class FakeNetwork {
   std::vector<std::vector<Delivery>> inflight_;
   std::vector<std::deque<uint64_t>> done_;
   std::mt19937 rng_;
+  bool ordered_;
 };
 
 class FakeTransport final : public Transport {
@@ -85,10 +102,26 @@ class FakeTransport final : public Transport {
   }
   absl::StatusOr<int> Poll(Completion* out, int max) override {
     int n = 0;
-    while (n < max && (net_->TakeDone(rank_, &out[n]) || net_->Deliver(rank_, &out[n]))) ++n;
+    while (n < max) {
+      if (net_->TakeDone(rank_, &out[n])) {
+        ++n;
+        continue;
+      }
+      bool completion = false;
+      if (!net_->Deliver(rank_, &out[n], &completion)) break;
+      if (completion) ++n;
+    }
     return n;
   }
+  bool OrderedAtomics() const override { return atomics; }
+  absl::StatusOr<bool> PostAtomicAdd(int peer, uint64_t remote_off, uint64_t add, uint64_t cookie) override {
+    EXPECT_TRUE(atomics);
+    EXPECT_EQ(remote_off % 8, 0u);
+    net_->Atomic(rank_, peer, remote_off, add, cookie);
+    return true;
+  }
   std::atomic<bool> fail_posts{false};
+  bool atomics = false;  // set before the proxy starts
 
  private:
   FakeNetwork* net_;
@@ -98,10 +131,12 @@ class FakeTransport final : public Transport {
 };
 
 struct Pair {
-  explicit Pair(uint64_t max_write) : layout(protocol::ComputeLlLayout({8, 512, 4, 2})), net(2) {
+  explicit Pair(uint64_t max_write, bool rc = false)
+      : layout(protocol::ComputeLlLayout({8, 512, 4, 2})), net(2, /*ordered=*/rc) {
     for (int r = 0; r < 2; ++r) {
       regions[r].reset(new uint8_t[layout.total_bytes]());
       auto t = std::make_unique<FakeTransport>(&net, r, max_write);
+      t->atomics = rc;
       transports[r] = t.get();
       EXPECT_TRUE(t->RegisterRegion(regions[r].get(), layout.total_bytes).ok());
       std::vector<std::unique_ptr<Transport>> ts;
@@ -153,6 +188,33 @@ TEST(ProxyTest, SignalsAppearOnlyAfterTheirDataUnderReordering) {
   EXPECT_TRUE(p.proxies[0]->status().ok());
   EXPECT_TRUE(p.proxies[1]->status().ok());
   EXPECT_GE(p.proxies[1]->stats().immediates, 200u * 4);
+}
+
+TEST(ProxyTest, OrderedAtomicTransportsSignalWithAnAddAfterTheData) {
+  Pair p(/*max_write=*/1000, /*rc=*/true);
+  const int64_t chunk = 4096;
+  for (uint32_t seq = 1; seq <= 200; ++seq) {
+    const int half = protocol::HalfOfSeq(seq);
+    const LlOp op = seq % 3 == 0 ? LlOp::kCombine : LlOp::kDispatch;
+    const int64_t base = p.layout.DispatchRecvOffset(half, 0, 0, false);
+    for (int c = 0; c < 2; ++c) {
+      std::memset(p.regions[0].get() + base + c * chunk, static_cast<int>((seq * 7 + c) & 0xFF), chunk);
+      ASSERT_TRUE(protocol::FifoPush(p.proxies[0]->ring(0),
+                                     protocol::MakeWriteCmd(op, half, 1, base + c * chunk, base + c * chunk, chunk)));
+    }
+    // Values that shrink as well as grow: the add must wrap modulo 2^64 to land exactly on the new word.
+    const uint32_t value = (seq * 2654435761u) % 1000;
+    ASSERT_TRUE(protocol::FifoPush(p.proxies[0]->ring(0),
+                                   protocol::MakeSignalCmd(op, half, 1, protocol::PackSignal(seq, value))));
+    const uint64_t w = p.WaitSignal(1, op, half, 0, seq);
+    ASSERT_EQ(w, protocol::PackSignal(seq, value)) << "seq " << seq;
+    for (int c = 0; c < 2; ++c) {
+      ASSERT_EQ(p.regions[1][base + c * chunk + chunk - 1], static_cast<uint8_t>((seq * 7 + c) & 0xFF)) << seq;
+    }
+  }
+  EXPECT_TRUE(p.proxies[0]->status().ok()) << p.proxies[0]->status();
+  EXPECT_TRUE(p.proxies[1]->status().ok()) << p.proxies[1]->status();
+  EXPECT_EQ(p.proxies[1]->stats().immediates, 0u);  // nothing for the receiving CPU to count
 }
 
 TEST(ProxyTest, TransportFailureRaisesAbortAndStatus) {

@@ -35,9 +35,22 @@ class Transport {
   /// Largest byte count one PostWrite accepts; the proxy splits larger commands.
   virtual uint64_t MaxWriteBytes() const = 0;
   /// Posts an RDMA write of `bytes` from local_off to peer's remote_off with `imm` delivered to the peer's
-  /// completion queue. Returns false (nothing posted) when the send queue is full: poll, then retry.
+  /// completion queue. Returns false (nothing posted) when the send queue is full: poll, then retry. imm == 0 (never a
+  /// valid immediate, protocol/imm.h) asks for a plain write without remote completion; the proxy does that only on
+  /// transports with OrderedAtomics().
   virtual absl::StatusOr<bool> PostWrite(int peer, uint64_t local_off, uint64_t remote_off, uint64_t bytes,
                                          uint32_t imm, uint64_t cookie) = 0;
+  /// True when writes and atomics to one peer take effect at the target in posting order and remote 64-bit atomic
+  /// adds exist (ibverbs RC: one QP per peer, the NIC's own atomics). The proxy then signals with an atomic add onto
+  /// the peer's signal word after the data, so no receiver CPU is involved; otherwise (EFA, libfabric providers
+  /// without that ordering) the receiver counts immediates (arrival_counter.h).
+  virtual bool OrderedAtomics() const { return false; }
+  /// Adds `add` to the 8-byte-aligned 64-bit word at peer's remote_off, ordered after earlier posts to that peer.
+  /// Returns false when the send queue is full. Only called when OrderedAtomics().
+  virtual absl::StatusOr<bool> PostAtomicAdd(int peer, uint64_t remote_off, uint64_t add, uint64_t cookie) {
+    (void)peer, (void)remote_off, (void)add, (void)cookie;
+    return absl::UnimplementedError(Name() + " has no ordered remote atomics");
+  }
   /// Appends up to `max` completions to `out`; returns how many. Must be called continuously: software
   /// providers progress data only inside this call (FI_PROGRESS_MANUAL), also on ranks that only receive.
   virtual absl::StatusOr<int> Poll(Completion* out, int max) = 0;

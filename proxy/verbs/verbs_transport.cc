@@ -46,6 +46,7 @@ class VerbsTransport final : public Transport {
     if (srq_ != nullptr) ibv_destroy_srq(srq_);
     if (cq_ != nullptr) ibv_destroy_cq(cq_);
     if (mr_ != nullptr) ibv_dereg_mr(mr_);
+    if (atomic_mr_ != nullptr) ibv_dereg_mr(atomic_mr_);
     if (pd_ != nullptr) ibv_dealloc_pd(pd_);
     if (ctx_ != nullptr) ibv_close_device(ctx_);
   }
@@ -85,6 +86,16 @@ class VerbsTransport final : public Transport {
     gid_index_ = opt_.gid_index >= 0 ? opt_.gid_index : EnvInt("LLEP_IB_GID_INDEX", 0);
     if (ibv_query_gid(ctx_, static_cast<uint8_t>(opt_.port), gid_index_, &gid_) != 0) return Errno("ibv_query_gid");
     if ((pd_ = ibv_alloc_pd(ctx_)) == nullptr) return Errno("ibv_alloc_pd");
+    ibv_device_attr dev_attr{};
+    if (ibv_query_device(ctx_, &dev_attr) != 0) return Errno("ibv_query_device");
+    atomics_ = dev_attr.atomic_cap != IBV_ATOMIC_NONE;
+    // Outstanding RDMA reads / atomics per QP, within what the device allows as responder and initiator.
+    max_dest_rd_atomic_ = static_cast<uint8_t>(dev_attr.max_qp_rd_atom < 16 ? dev_attr.max_qp_rd_atom : 16);
+    max_rd_atomic_ = static_cast<uint8_t>(dev_attr.max_qp_init_rd_atom < 16 ? dev_attr.max_qp_init_rd_atom : 16);
+    // Atomics return the old value into local memory: one registered scratch word (its value is never read).
+    if ((atomic_mr_ = ibv_reg_mr(pd_, &atomic_result_, sizeof(atomic_result_), IBV_ACCESS_LOCAL_WRITE)) == nullptr) {
+      return Errno("ibv_reg_mr (atomic scratch)");
+    }
     const int peers = opt_.num_ranks - 1;
     const int cqe = opt_.queue_depth * (peers + 1) + 16;
     if ((cq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0)) == nullptr) return Errno("ibv_create_cq");
@@ -199,7 +210,7 @@ class VerbsTransport final : public Transport {
     wr.wr_id = NewSlot(peer, cookie);
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.opcode = imm != 0 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.imm_data = htonl(imm);
     wr.wr.rdma.remote_addr = peers_[peer].base + remote_off;
@@ -208,6 +219,38 @@ class VerbsTransport final : public Transport {
     if (const int rc = ibv_post_send(qps_[peer], &wr, &bad); rc != 0) {
       FreeSlot(wr.wr_id);
       return absl::UnavailableError(absl::StrCat("ibv_post_send to rank ", peer, ": ", strerror(rc)));
+    }
+    ++outstanding_[peer];
+    return true;
+  }
+
+  // RC: a QP executes its requests in order at the responder, so an atomic after writes lands after them.
+  bool OrderedAtomics() const override { return atomics_; }
+
+  absl::StatusOr<bool> PostAtomicAdd(int peer, uint64_t remote_off, uint64_t add, uint64_t cookie) override {
+    if (!atomics_) return absl::UnimplementedError(absl::StrCat(name_, " reports no RDMA atomics"));
+    if (peer < 0 || peer >= opt_.num_ranks || qps_[peer] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("verbs transport: no QP for rank ", peer));
+    }
+    if ((remote_off & 7) != 0) return absl::InvalidArgumentError("remote atomic target must be 8-byte aligned");
+    if (outstanding_[peer] >= opt_.queue_depth) return false;
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(&atomic_result_);
+    sge.length = sizeof(atomic_result_);
+    sge.lkey = atomic_mr_->lkey;
+    ibv_send_wr wr{};
+    wr.wr_id = NewSlot(peer, cookie);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = peers_[peer].base + remote_off;
+    wr.wr.atomic.compare_add = add;
+    wr.wr.atomic.rkey = peers_[peer].rkey;
+    ibv_send_wr* bad = nullptr;
+    if (const int rc = ibv_post_send(qps_[peer], &wr, &bad); rc != 0) {
+      FreeSlot(wr.wr_id);
+      return absl::UnavailableError(absl::StrCat("ibv_post_send (atomic) to rank ", peer, ": ", strerror(rc)));
     }
     ++outstanding_[peer];
     return true;
@@ -226,7 +269,7 @@ class VerbsTransport final : public Transport {
       if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         out[k++] = Completion{Completion::Kind::kRemoteImm, 0, ntohl(wc[i].imm_data)};
         if (absl::Status s = PostReceive(); !s.ok()) return s;
-      } else if (wc[i].opcode == IBV_WC_RDMA_WRITE) {
+      } else if (wc[i].opcode == IBV_WC_RDMA_WRITE || wc[i].opcode == IBV_WC_FETCH_ADD) {
         const Slot slot = slots_[wc[i].wr_id];
         FreeSlot(wc[i].wr_id);
         --outstanding_[slot.peer];
@@ -263,7 +306,7 @@ class VerbsTransport final : public Transport {
     a.path_mtu = static_cast<ibv_mtu>(h.mtu < static_cast<uint32_t>(port_.active_mtu) ? h.mtu : port_.active_mtu);
     a.dest_qp_num = remote_qpn;
     a.rq_psn = 0;
-    a.max_dest_rd_atomic = 16;
+    a.max_dest_rd_atomic = max_dest_rd_atomic_;
     a.min_rnr_timer = 12;
     a.ah_attr.dlid = h.lid;
     a.ah_attr.port_num = static_cast<uint8_t>(opt_.port);
@@ -284,7 +327,7 @@ class VerbsTransport final : public Transport {
     a.retry_cnt = 7;
     a.rnr_retry = 7;  // infinite RNR retries: a receiver briefly out of posted receives is waited for
     a.sq_psn = 0;
-    a.max_rd_atomic = 16;
+    a.max_rd_atomic = max_rd_atomic_;
     if (ibv_modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                           IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
@@ -312,6 +355,10 @@ class VerbsTransport final : public Transport {
   ibv_cq* cq_ = nullptr;
   ibv_srq* srq_ = nullptr;
   ibv_mr* mr_ = nullptr;
+  ibv_mr* atomic_mr_ = nullptr;
+  uint64_t atomic_result_ = 0;
+  bool atomics_ = false;
+  uint8_t max_dest_rd_atomic_ = 0, max_rd_atomic_ = 0;
   ibv_port_attr port_{};
   ibv_gid gid_{};
   int gid_index_ = 0;

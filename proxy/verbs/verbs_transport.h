@@ -2,10 +2,11 @@
 // write-with-immediate, one completion queue and one shared receive queue per transport. Layer: proxy/verbs. Owned and
 // driven by one proxy thread.
 //
-// Why a native backend next to libfabric's verbs;ofi_rxm: RC gives in-order delivery per QP and real RDMA atomics
-// without rxm's emulation layer, and it is what ConnectX / Thor-2 / Pollara / irdma NICs run best. The protocol does
-// not rely on the ordering: every write carries an immediate and the receiver counts them (proxy/arrival_counter.h),
-// exactly as over unordered EFA, so one receive path serves every transport.
+// Why a native backend next to libfabric's verbs;ofi_rxm: RC gives in-order execution per QP and real RDMA atomics
+// without rxm's emulation layer, and it is what ConnectX / Thor-2 / Pollara / irdma NICs run best. Where the device
+// reports atomics (OrderedAtomics), the proxy sends data as plain RDMA writes and each signal as a fetch-and-add onto
+// the peer's signal word on the same QP, after the data: the receiving CPU does nothing. Without atomics every write
+// carries an immediate and the receiver counts them (proxy/arrival_counter.h), exactly as over unordered EFA.
 //
 // Memory: RegisterRegion registers host memory (ibv_reg_mr); RegisterDmabuf registers device memory exported as a
 // dma-buf (ibv_reg_dmabuf_mr; the runtime obtains the fd from CUDA). Receives: RC write-with-immediate consumes one
