@@ -224,15 +224,29 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
     host_ids[r] = blobs[r].host;
     if (host_ids[r] == mine.host) reach_row[r] = CanReach(device_, blobs[r].pci_bus_id) ? '1' : '0';
   }
-  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> rows, bootstrap_.AllGather(reach_row));
+  int ranks_per_node = options_.ranks_per_node;
+  absl::Status split = absl::OkStatus();
+  if (ranks_per_node < 0) {
+    absl::StatusOr<int> env = RanksPerNodeFromEnv();
+    split = env.status();
+    ranks_per_node = env.ok() ? *env : 0;
+  }
+  // The row travels with this rank's virtual-node size: every rank must split the same way, or one side of a pair
+  // would store over NVLink while the other waits for the proxy.
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> rows,
+                        bootstrap_.AllGather(absl::StrCat(reach_row, "|", split.ok() ? ranks_per_node : -1)));
+  LLEP_RETURN_IF_ERROR(split);
   std::vector<std::vector<bool>> reach(R, std::vector<bool>(R, false));
   for (int a = 0; a < R; ++a) {
-    if (static_cast<int>(rows[a].size()) != R) return absl::DataLossError(absl::StrCat("rank ", a, ": bad reach row"));
+    if (rows[a].size() < static_cast<size_t>(R) + 2 || rows[a][R] != '|') {
+      return absl::DataLossError(absl::StrCat("rank ", a, ": bad reach row"));
+    }
     for (int b = 0; b < R; ++b) reach[a][b] = rows[a][b] == '1';
-  }
-  int ranks_per_node = options_.ranks_per_node;
-  if (ranks_per_node < 0) {
-    LLEP_ASSIGN_OR_RETURN(ranks_per_node, RanksPerNodeFromEnv());
+    if (rows[a].substr(R + 1) != std::to_string(ranks_per_node)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", a, " splits nodes into ", rows[a].substr(R + 1), " ranks, this rank into ", ranks_per_node,
+          " (LLEP_RANKS_PER_NODE / allow_nvlink_for_low_latency_mode must agree on every rank; 0 = by host)"));
+    }
   }
   LLEP_ASSIGN_OR_RETURN(std::vector<std::vector<PeerPath>> all_paths, DecidePeerPaths(host_ids, reach, ranks_per_node));
   paths_ = all_paths[rank_];
