@@ -3,14 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proxy/fabric/fabric_transport.h"
 #include "proxy/transport_factory.h"
+#include "runtime/base/env.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/bootstrap.h"
 #include "runtime/protocol/signal.h"
@@ -70,12 +69,6 @@ bool CanReach(int device, const char* bus_id) {
   if (peer == device) return true;
   int ok = 0;
   return cudaDeviceCanAccessPeer(&ok, device, peer) == cudaSuccess && ok != 0;
-}
-
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  int n = 0;
-  return v != nullptr && absl::SimpleAtoi(v, &n) ? n : fallback;
 }
 
 // FIFO ring entries per proxy thread (fifo_ring.h): a launch pushes at most one command per message and destination.
@@ -300,8 +293,7 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
 absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
   const int R = layout_.shape.num_ranks;
   std::string transport = options_.transport;
-  if (transport.empty() && std::getenv("LLEP_FABRIC_PROVIDER") != nullptr)
-    transport = std::getenv("LLEP_FABRIC_PROVIDER");
+  if (transport.empty()) transport = base::EnvString("LLEP_FABRIC_PROVIDER");
   if (transport.empty()) {
     // Virtual nodes of one host talk through shared memory; real nodes through the first RDMA provider present.
     transport = "shm";
@@ -340,8 +332,7 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
         auto ring = std::make_unique<CudaFifoRing>();
         LLEP_CUDA_RETURN_IF_ERROR(ring->Init(kGpuFifoEntries));
         rings_.push_back(std::move(ring));
-        const char* node = std::getenv("LLEP_FABRIC_NODE");
-        LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, node != nullptr ? node : "", rank_, R));
+        LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, base::EnvString("LLEP_FABRIC_NODE"), rank_, R));
         LLEP_RETURN_IF_ERROR(t->RegisterRegion(h_proxy_region_, static_cast<uint64_t>(layout_.total_bytes)));
         LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());
         fields.push_back(std::move(blob));
@@ -374,7 +365,7 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
   proxy::ProxyOptions po;
   po.fifo_entries = kGpuFifoEntries;
   // GPU hosts have cores to spare: poll without sleeping for ~1 s of idleness, so decode steps never wake a sleeper.
-  po.spin_before_sleep = EnvInt("LLEP_PROXY_SPIN", 1 << 20);
+  LLEP_ASSIGN_OR_RETURN(po.spin_before_sleep, base::EnvInt("LLEP_PROXY_SPIN", 1 << 20));
   LLEP_ASSIGN_OR_RETURN(
       proxy_, proxy::Proxy::Create(layout_, rank_, h_proxy_region_, std::move(transports), po, std::move(rings)));
   std::vector<protocol::FifoRingHandle> fifos(R);

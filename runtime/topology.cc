@@ -2,12 +2,11 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "runtime/base/env.h"
 
 namespace llep {
 
@@ -70,12 +69,10 @@ std::string HostIdentity() {
 }
 
 absl::StatusOr<int> RanksPerNodeFromEnv() {
-  const char* v = std::getenv("LLEP_RANKS_PER_NODE");
-  if (v == nullptr || v[0] == '\0') return 0;
-  int n = 0;
-  if (!absl::SimpleAtoi(v, &n) || n < 0) {
+  absl::StatusOr<int> n = base::EnvInt("LLEP_RANKS_PER_NODE", 0);
+  if (n.ok() && *n < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("LLEP_RANKS_PER_NODE='", v, "': expected a non-negative integer (ranks per virtual node)"));
+        absl::StrCat("LLEP_RANKS_PER_NODE=", *n, ": expected a non-negative integer (ranks per virtual node)"));
   }
   return n;
 }

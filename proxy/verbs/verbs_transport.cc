@@ -4,12 +4,12 @@
 #include <infiniband/verbs.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/env.h"
+#include "runtime/base/status_macros.h"
 
 namespace llep::proxy {
 namespace {
@@ -29,12 +29,6 @@ struct BlobHeader {
 };
 
 absl::Status Errno(absl::string_view what) { return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno))); }
-
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  int n = 0;
-  return v != nullptr && absl::SimpleAtoi(v, &n) ? n : fallback;
-}
 
 class VerbsTransport final : public Transport {
  public:
@@ -65,8 +59,7 @@ class VerbsTransport final : public Transport {
       if (list != nullptr) ibv_free_device_list(list);
       return s;
     }
-    std::string want = opt_.device;
-    if (want.empty() && std::getenv("LLEP_IB_DEVICE") != nullptr) want = std::getenv("LLEP_IB_DEVICE");
+    const std::string want = opt_.device.empty() ? base::EnvString("LLEP_IB_DEVICE") : opt_.device;
     ibv_device* dev = nullptr;
     for (int i = 0; i < n && dev == nullptr; ++i) {
       if (want.empty() || want == ibv_get_device_name(list[i])) dev = list[i];
@@ -83,7 +76,11 @@ class VerbsTransport final : public Transport {
     if (port_.state != IBV_PORT_ACTIVE) {
       return absl::UnavailableError(absl::StrCat(name_, " port ", opt_.port, " is not active"));
     }
-    gid_index_ = opt_.gid_index >= 0 ? opt_.gid_index : EnvInt("LLEP_IB_GID_INDEX", 0);
+    if (opt_.gid_index >= 0) {
+      gid_index_ = opt_.gid_index;
+    } else {
+      LLEP_ASSIGN_OR_RETURN(gid_index_, base::EnvInt("LLEP_IB_GID_INDEX", 0));
+    }
     if (ibv_query_gid(ctx_, static_cast<uint8_t>(opt_.port), gid_index_, &gid_) != 0) return Errno("ibv_query_gid");
     if ((pd_ = ibv_alloc_pd(ctx_)) == nullptr) return Errno("ibv_alloc_pd");
     ibv_device_attr dev_attr{};
