@@ -44,6 +44,7 @@ struct Proxy::Thread {
   std::vector<FifoCmdFields> fields;
   std::vector<uint32_t> writes_since_signal;  // [op][half][dst]
   std::vector<uint8_t> outbox_busy;           // [op][half][dst]
+  bool ordered_atomics = false;               // transport->OrderedAtomics(), asked once
   std::vector<uint64_t> last_signal;          // [op][half][dst]: the word the peer holds (ordered-atomic signals)
   std::vector<Completion> completions;
   std::thread thread;
@@ -77,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& l
   for (size_t i = 0; i < transports.size(); ++i) {
     auto t = std::make_unique<Thread>();
     t->transport = std::move(transports[i]);
+    t->ordered_atomics = t->transport->OrderedAtomics();
     t->counter = std::make_unique<ArrivalCounter>(layout, region);
     if (rings.empty()) {
       t->ring.reset(new FifoCmd[options.fifo_entries]());
@@ -193,8 +195,7 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
       if (f.bytes == 0) return absl::DataLossError("FIFO write command of zero bytes");
       // Every posted piece carries a data immediate and is counted, so splitting is invisible to the receiver. With
       // ordered atomics the signal itself follows the data in order: plain writes, nothing to count.
-      const uint32_t imm =
-          t->transport->OrderedAtomics() ? 0u : protocol::PackImm(protocol::ImmKind::kData, f.op, f.half, rank_);
+      const uint32_t imm = t->ordered_atomics ? 0u : protocol::PackImm(protocol::ImmKind::kData, f.op, f.half, rank_);
       const uint64_t max = t->transport->MaxWriteBytes();
       for (uint64_t done = 0; done < f.bytes;) {
         const uint64_t chunk = std::min(max, f.bytes - done);
@@ -205,7 +206,7 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
       }
       continue;
     }
-    if (t->transport->OrderedAtomics()) {
+    if (t->ordered_atomics) {
       // The peer's signal word for (op, half, this rank) is written only by these adds and starts at zero, so adding
       // the difference to the word it holds leaves exactly the new word (modulo 2^64), after all data before it.
       const uint64_t add = f.signal_word - t->last_signal[key];
@@ -235,10 +236,10 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
   return absl::OkStatus();
 }
 
-absl::Status Proxy::Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
-                         uint64_t cookie) {
+template <typename PostFn>
+absl::Status Proxy::PostUntilAccepted(Thread* t, uint64_t bytes, const PostFn& post) {
   for (;;) {
-    auto posted = t->transport->PostWrite(dst, local_off, remote_off, bytes, imm, cookie);
+    auto posted = post();
     if (!posted.ok()) return posted.status();
     if (*posted) break;
     // Send queue full: completions free it. Keep counting receives meanwhile (manual progress).
@@ -252,18 +253,14 @@ absl::Status Proxy::Post(Thread* t, int dst, uint64_t local_off, uint64_t remote
   return absl::OkStatus();
 }
 
+absl::Status Proxy::Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
+                         uint64_t cookie) {
+  return PostUntilAccepted(t, bytes,
+                           [&] { return t->transport->PostWrite(dst, local_off, remote_off, bytes, imm, cookie); });
+}
+
 absl::Status Proxy::PostAtomic(Thread* t, int dst, uint64_t remote_off, uint64_t add) {
-  for (;;) {
-    auto posted = t->transport->PostAtomicAdd(dst, remote_off, add, kDataCookie);
-    if (!posted.ok()) return posted.status();
-    if (*posted) break;
-    bool ignored = false;
-    auto s = Progress(t, &ignored);
-    if (!s.ok()) return s;
-    if (stop_.load(std::memory_order_acquire)) return absl::AbortedError("proxy stopping");
-  }
-  t->writes_posted.fetch_add(1, std::memory_order_relaxed);
-  return absl::OkStatus();
+  return PostUntilAccepted(t, 0, [&] { return t->transport->PostAtomicAdd(dst, remote_off, add, kDataCookie); });
 }
 
 absl::Status Proxy::Progress(Thread* t, bool* did_work) {

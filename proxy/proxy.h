@@ -85,6 +85,10 @@ class Proxy {
   absl::Status Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
                     uint64_t cookie);
   absl::Status PostAtomic(Thread* t, int dst, uint64_t remote_off, uint64_t add);
+  /// Calls `post` until the transport accepts it, progressing completions while its send queue is full (defined and
+  /// instantiated in proxy.cc; a template, so the per-write path allocates nothing).
+  template <typename PostFn>
+  absl::Status PostUntilAccepted(Thread* t, uint64_t bytes, const PostFn& post);
   absl::Status Progress(Thread* t, bool* did_work);
 
   protocol::LlLayout layout_;
