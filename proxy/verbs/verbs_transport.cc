@@ -194,31 +194,16 @@ class VerbsTransport final : public Transport {
 
   absl::StatusOr<bool> PostWrite(int peer, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
                                  uint64_t cookie) override {
-    if (peer < 0 || peer >= opt_.num_ranks || qps_[peer] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("verbs transport: no QP for rank ", peer));
-    }
+    if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
     if (local_off + bytes > bytes_) return absl::OutOfRangeError("verbs write leaves the registered region");
     if (outstanding_[peer] >= opt_.queue_depth) return false;  // send queue full: poll, then retry
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<uint64_t>(base_) + local_off;
-    sge.length = static_cast<uint32_t>(bytes);
-    sge.lkey = mr_->lkey;
+    ibv_sge sge{reinterpret_cast<uint64_t>(base_) + local_off, static_cast<uint32_t>(bytes), mr_->lkey};
     ibv_send_wr wr{};
-    wr.wr_id = NewSlot(peer, cookie);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
     wr.opcode = imm != 0 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
     wr.imm_data = htonl(imm);
     wr.wr.rdma.remote_addr = peers_[peer].base + remote_off;
     wr.wr.rdma.rkey = peers_[peer].rkey;
-    ibv_send_wr* bad = nullptr;
-    if (const int rc = ibv_post_send(qps_[peer], &wr, &bad); rc != 0) {
-      FreeSlot(wr.wr_id);
-      return absl::UnavailableError(absl::StrCat("ibv_post_send to rank ", peer, ": ", strerror(rc)));
-    }
-    ++outstanding_[peer];
-    return true;
+    return Submit(peer, cookie, &sge, &wr, "write");
   }
 
   // RC: a QP executes its requests in order at the responder, so an atomic after writes lands after them.
@@ -226,31 +211,16 @@ class VerbsTransport final : public Transport {
 
   absl::StatusOr<bool> PostAtomicAdd(int peer, uint64_t remote_off, uint64_t add, uint64_t cookie) override {
     if (!atomics_) return absl::UnimplementedError(absl::StrCat(name_, " reports no RDMA atomics"));
-    if (peer < 0 || peer >= opt_.num_ranks || qps_[peer] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("verbs transport: no QP for rank ", peer));
-    }
+    if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
     if ((remote_off & 7) != 0) return absl::InvalidArgumentError("remote atomic target must be 8-byte aligned");
     if (outstanding_[peer] >= opt_.queue_depth) return false;
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<uint64_t>(&atomic_result_);
-    sge.length = sizeof(atomic_result_);
-    sge.lkey = atomic_mr_->lkey;
+    ibv_sge sge{reinterpret_cast<uint64_t>(&atomic_result_), sizeof(atomic_result_), atomic_mr_->lkey};
     ibv_send_wr wr{};
-    wr.wr_id = NewSlot(peer, cookie);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
     wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.atomic.remote_addr = peers_[peer].base + remote_off;
     wr.wr.atomic.compare_add = add;
     wr.wr.atomic.rkey = peers_[peer].rkey;
-    ibv_send_wr* bad = nullptr;
-    if (const int rc = ibv_post_send(qps_[peer], &wr, &bad); rc != 0) {
-      FreeSlot(wr.wr_id);
-      return absl::UnavailableError(absl::StrCat("ibv_post_send (atomic) to rank ", peer, ": ", strerror(rc)));
-    }
-    ++outstanding_[peer];
-    return true;
+    return Submit(peer, cookie, &sge, &wr, "atomic");
   }
 
   absl::StatusOr<int> Poll(Completion* out, int max) override {
@@ -287,6 +257,28 @@ class VerbsTransport final : public Transport {
     int peer;
     uint64_t cookie;
   };
+
+  absl::Status CheckPeer(int peer) const {
+    if (peer < 0 || peer >= opt_.num_ranks || qps_[peer] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("verbs transport: no QP for rank ", peer));
+    }
+    return absl::OkStatus();
+  }
+
+  /// Posts `wr` (opcode and remote fields set by the caller) with one SGE, signaled, tracked by a completion slot.
+  absl::StatusOr<bool> Submit(int peer, uint64_t cookie, ibv_sge* sge, ibv_send_wr* wr, const char* what) {
+    wr->wr_id = NewSlot(peer, cookie);
+    wr->sg_list = sge;
+    wr->num_sge = 1;
+    wr->send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    if (const int rc = ibv_post_send(qps_[peer], wr, &bad); rc != 0) {
+      FreeSlot(wr->wr_id);
+      return absl::UnavailableError(absl::StrCat("ibv_post_send (", what, ") to rank ", peer, ": ", strerror(rc)));
+    }
+    ++outstanding_[peer];
+    return true;
+  }
 
   absl::Status PostReceive() {
     ibv_recv_wr wr{};  // zero-length: write-with-immediate only needs a receive to consume, not a buffer
