@@ -1,6 +1,7 @@
 // The FIFO producer from CUDA warps: 132 blocks x 8 warps push concurrently into a 1024-entry ring in mapped
-// host memory (wrapping hundreds of times) while a host thread consumes. Nothing may be lost, duplicated or
-// reordered within a warp. Skips when no CUDA device is present.
+// host memory (wrapping hundreds of times) while a host thread consumes, one command per push (FifoPush) and
+// warp-aggregated (FifoPushWarp, ragged lane masks). Nothing may be lost, duplicated or reordered within a warp
+// (or a lane). Skips when no CUDA device is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -25,35 +26,25 @@ __global__ void PushKernel(protocol::FifoRingHandle ring, int per_warp, int* fai
   }
 }
 
-TEST(FifoGpuTest, WarpsPushHostConsumesEverythingInOrder) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  CudaFifoRing ring;
-  ASSERT_EQ(ring.Init(1024), cudaSuccess);
-  constexpr int kBlocks = 132, kWarps = 8, kPerWarp = 500;
-  int* failures = nullptr;
-  ASSERT_EQ(cudaMalloc(&failures, sizeof(int)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(failures, 0, sizeof(int)), cudaSuccess);
-  PushKernel<<<kBlocks, kWarps * 32>>>(ring.device, kPerWarp, failures);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-
+// Drains `total` commands from `ring` while the kernel (already launched) produces them, calling check(fields) on each
+// in ring order; then waits for the kernel and expects no push failures and nothing extra. Fails (and aborts the ring
+// so the kernel returns) if they do not all arrive within 60 s.
+template <typename Check>
+void DrainAndCheck(CudaFifoRing& ring, int64_t total, int* failures, Check check) {
   proxy::FifoConsumer consumer(ring.host);
-  std::vector<int> next(kBlocks * kWarps, 0);
   protocol::FifoCmd out[256];
-  const int total = kBlocks * kWarps * kPerWarp;
-  int received = 0;
+  int64_t received = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (received < total) {
     const int got = consumer.Poll(out, 256);
     for (int i = 0; i < got; ++i) {
       protocol::FifoCmdFields f{};
       ASSERT_TRUE(protocol::DecodeCmd(out[i], &f));
-      const int warp = static_cast<int>(f.signal_word >> 32), seq = static_cast<int>(f.signal_word & 0xFFFFFFFF);
-      ASSERT_LT(warp, kBlocks * kWarps);
-      ASSERT_EQ(seq, next[warp]) << "warp " << warp;
-      ASSERT_EQ(f.dst_rank, warp & 0xFFFF);
-      ASSERT_EQ(f.half, seq & 1);
-      ++next[warp];
+      check(f);
+      if (::testing::Test::HasFatalFailure()) {
+        ring.Abort();
+        return;
+      }
     }
     received += got;
     if (std::chrono::steady_clock::now() > deadline) {
@@ -66,6 +57,29 @@ TEST(FifoGpuTest, WarpsPushHostConsumesEverythingInOrder) {
   ASSERT_EQ(cudaMemcpy(&h_failures, failures, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(h_failures, 0);
   EXPECT_EQ(consumer.Poll(out, 256), 0);
+}
+
+TEST(FifoGpuTest, WarpsPushHostConsumesEverythingInOrder) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  CudaFifoRing ring;
+  ASSERT_EQ(ring.Init(1024), cudaSuccess);
+  constexpr int kBlocks = 132, kWarps = 8, kPerWarp = 500;
+  int* failures = nullptr;
+  ASSERT_EQ(cudaMalloc(&failures, sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(failures, 0, sizeof(int)), cudaSuccess);
+  PushKernel<<<kBlocks, kWarps * 32>>>(ring.device, kPerWarp, failures);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  std::vector<int> next(kBlocks * kWarps, 0);
+  DrainAndCheck(ring, int64_t{kBlocks} * kWarps * kPerWarp, failures, [&](const protocol::FifoCmdFields& f) {
+    const int warp = static_cast<int>(f.signal_word >> 32), seq = static_cast<int>(f.signal_word & 0xFFFFFFFF);
+    ASSERT_LT(warp, kBlocks * kWarps);
+    ASSERT_EQ(seq, next[warp]) << "warp " << warp;
+    ASSERT_EQ(f.dst_rank, warp & 0xFFFF);
+    ASSERT_EQ(f.half, seq & 1);
+    ++next[warp];
+  });
   cudaFree(failures);
 }
 
@@ -103,32 +117,13 @@ TEST(FifoGpuTest, WarpAggregatedPushesKeepEveryLaneInOrder) {
   int64_t total = 0;
   for (int l = 0; l < 32; ++l) total += int64_t{kBlocks} * kWarps * per_lane_total[l];
   std::vector<int> next(kBlocks * kWarps * 32, 0);
-  proxy::FifoConsumer consumer(ring.host);
-  protocol::FifoCmd out[256];
-  int64_t received = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (received < total) {
-    const int got = consumer.Poll(out, 256);
-    for (int i = 0; i < got; ++i) {
-      protocol::FifoCmdFields f{};
-      ASSERT_TRUE(protocol::DecodeCmd(out[i], &f));
-      const int warp = static_cast<int>(f.signal_word >> 40), lane = static_cast<int>((f.signal_word >> 32) & 0xFF);
-      ASSERT_LT(warp, kBlocks * kWarps);
-      ASSERT_EQ(f.dst_rank, lane);
-      ASSERT_EQ(static_cast<int>(f.signal_word & 0xFFFFFFFF), next[warp * 32 + lane]) << "warp " << warp;
-      ++next[warp * 32 + lane];
-    }
-    received += got;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ring.Abort();
-      FAIL() << "only " << received << " of " << total << " commands arrived";
-    }
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  int h_failures = -1;
-  ASSERT_EQ(cudaMemcpy(&h_failures, failures, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(h_failures, 0);
-  EXPECT_EQ(consumer.Poll(out, 256), 0);
+  DrainAndCheck(ring, total, failures, [&](const protocol::FifoCmdFields& f) {
+    const int warp = static_cast<int>(f.signal_word >> 40), lane = static_cast<int>((f.signal_word >> 32) & 0xFF);
+    ASSERT_LT(warp, kBlocks * kWarps);
+    ASSERT_EQ(f.dst_rank, lane);
+    ASSERT_EQ(static_cast<int>(f.signal_word & 0xFFFFFFFF), next[warp * 32 + lane]) << "warp " << warp;
+    ++next[warp * 32 + lane];
+  });
   cudaFree(failures);
 }
 
