@@ -101,9 +101,14 @@ __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
 
 // ------------------------------------------------------------------------------------------ proxy peers
 
+/// Rank r is reached through the proxy (no mapped region). One load, skipped when the buffer has no proxy peers.
+__device__ __forceinline__ bool IsProxyPeer(const LlDeviceContext& c, int r) {
+  return c.proxy_region != nullptr && c.peers[r] == nullptr;
+}
+
 /// The region a source's signal and data arrive in: proxy sources deliver into proxy_region (ll_kernels.h).
 __device__ __forceinline__ const uint8_t* SrcBase(const LlDeviceContext& c, int src) {
-  return c.proxy_region != nullptr && c.peers[src] == nullptr ? c.proxy_region : c.local;
+  return IsProxyPeer(c, src) ? c.proxy_region : c.local;
 }
 
 /// Pushes a command for proxy peer `dst`; the caller fenced (system scope) the staged bytes it names. A push that
@@ -230,7 +235,7 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     int64_t v;
-    if (c.proxy_region != nullptr && c.peers[src] == nullptr) {
+    if (IsProxyPeer(c, src)) {
       // A proxy source signals in host memory. CTA 0 alone polls it there and forwards the word to a device-memory
       // mirror the other CTAs poll: every CTA polling host memory floods PCIe with reads and slows the whole path.
       uint64_t* mirror =
@@ -747,7 +752,7 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
       if (c.proxy_region != nullptr) {
         for (int k = 0; k < K; ++k) {  // warp-uniform: the k-th selection of every lane's token
           const int d = ((opens >> k) & 1u) ? pl.dst[k] : -1;
-          const bool push = d >= 0 && c.peers[d] == nullptr;
+          const bool push = d >= 0 && IsProxyPeer(c, d);
           const protocol::FifoCmd cmd =
               push ? protocol::MakeWriteCmd(LlOp::kDispatch, half, d, L.DispatchPayloadOffset(half, t, fp8),
                                             L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8),
