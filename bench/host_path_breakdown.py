@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Where a low-latency call's host microseconds go (issue #19 item 2): one rank, the GPU kept busy ahead so no call
+waits for the device, medians of --iters of each step alone: the output allocations, the native call with prepared
+addresses, the whole Python call; for llep and, when importable, DeepEP's whole calls. Run on a GPU machine:
+    PYTHONPATH=build-gpu/python python3 bench/host_path_breakdown.py [--tokens 8]"""
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+H, E, K = 7168, 256, 8
+
+
+def _timed(fn, iters):
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append((time.perf_counter_ns() - t0) / 1000)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--tokens', type=int, default=8)
+    ap.add_argument('--iters', type=int, default=300)
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    import llep
+    dev = torch.device('cuda', 0)
+    T = args.tokens
+    x = torch.randn((T, H), device=dev).to(torch.bfloat16)
+    topk = torch.topk(torch.rand((T, E), device=dev), K, dim=-1).indices.to(torch.int64)
+    w = torch.rand((T, K), device=dev)
+    buf = llep.Buffer(dist.group.WORLD, low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = 'cuda'
+    (rx, sc), cnt, hd, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+    y = torch.randn((E, T, H), device=dev).to(torch.bfloat16)
+    out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+    rt = buf.runtime
+    res = {}
+    fp8 = torch.float8_e4m3fn
+    res['5 x torch.empty (dispatch outputs)'] = _timed(lambda: (
+        torch.empty((E, T, H), dtype=fp8, device=dev), torch.empty_strided((E, T, 56), (56 * T, 1, T),
+                                                                            dtype=torch.float32, device=dev),
+        torch.empty((E,), dtype=torch.int32, device=dev), torch.empty((E, T), dtype=torch.int32, device=dev),
+        torch.empty((E, 1), dtype=torch.int64, device=dev)), args.iters)
+    res['1 x torch.empty (combine out)'] = _timed(lambda: torch.empty((T, H), dtype=torch.bfloat16, device=dev),
+                                                  args.iters)
+    ptrs = [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])]
+    stream = torch.cuda.current_stream().cuda_stream
+    res['native dispatch (addresses ready)'] = _timed(lambda: rt.dispatch(
+        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, False, stream),
+        args.iters)
+    res['native dispatch, hook send only'] = _timed(lambda: rt.receive(rt.dispatch(
+        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, True, stream),
+        stream), args.iters)
+    res['native combine (addresses ready)'] = _timed(lambda: rt.combine(
+        y.data_ptr(), False, topk.data_ptr(), w.data_ptr(), T, K, hd[1].data_ptr(), out.data_ptr(), 0, False, stream),
+        args.iters)
+    res['llep low_latency_dispatch'] = _timed(lambda: buf.low_latency_dispatch(x, topk, T, E), args.iters)
+    res['llep low_latency_combine'] = _timed(lambda: buf.low_latency_combine(y, topk, w, hd, out=out), args.iters)
+    res['llep low_latency_dispatch bf16'] = _timed(lambda: buf.low_latency_dispatch(x, topk, T, E, use_fp8=False),
+                                                   args.iters)
+    try:
+        import deep_ep
+        dbuf = deep_ep.Buffer(dist.group.WORLD, 0, deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, 1, E),
+                              low_latency_mode=True, num_qps_per_rank=E, explicitly_destroy=True)
+        _, _, dhd, _, _ = dbuf.low_latency_dispatch(x, topk, T, E)
+        res['DeepEP low_latency_dispatch'] = _timed(lambda: dbuf.low_latency_dispatch(x, topk, T, E), args.iters)
+        res['DeepEP low_latency_combine'] = _timed(lambda: dbuf.low_latency_combine(y, topk, w, dhd, out=out),
+                                                   args.iters)
+        torch.cuda.synchronize()
+        dbuf.destroy()
+    except ImportError:
+        pass
+    torch.cuda.synchronize()
+    buf.destroy()
+    print(f'host µs per call, T={T}, 1 rank, GPU busy ahead, medians of {args.iters}:')
+    for k, v in res.items():
+        print(f'  {k:<40} {v:8.2f}')
+    dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
+    main()

@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""llep and DeepEP V1 side by side, as a user sees them (issue #19): the same processes, inputs and Python calls,
+the DeepSeek-V3 decode shape (hidden 7168, top-8, 256 experts, FP8 dispatch, BF16 combine), per T tokens per rank.
+
+Columns, per system (medians of --iters, then the maximum over ranks: the slowest rank bounds a step):
+  k.disp / k.comb     profiler (kineto) kernel times, one launch per op; the GPU is kept busy ahead (a GPU sleep
+                      and a barrier) so the host is queued ahead, as DeepEP's bench_kineto does
+  h.ds h.dr h.cs h.cr hook mode: send and receive launches of dispatch and combine apart (kernel times)
+  eager               host-inclusive round trip: stream synchronised and ranks met (barrier), then one CUDA event,
+                      low_latency_dispatch + low_latency_combine from Python, one CUDA event. No GPU sleep: the
+                      host's cost per call is in the number, as in an engine that does not capture graphs
+  graph               the same two calls captured in one CUDA graph; the gap around one replay
+  cpu.d / cpu.c       host CPU µs inside each Python call (perf_counter around it) while the GPU is kept busy ahead,
+                      so no call waits for the device; *_dd: the same after torch.set_default_device('cuda'), which
+                      DeepEP's test and some engines set (it sends every Python-level tensor call through a hook)
+Ratios llep / DeepEP are printed per column. Each T runs with num_max_dispatch_tokens_per_rank = T when DeepEP
+accepts it (it needs R * T_max % 4 == 0), else the next T_max that it accepts, for both systems; the refusal is
+reported. Before timing, both systems pass a correctness gate at that T (BF16 dispatch, identity experts:
+combine must return sum_k w[t, k] * x[t] over the valid slots; recv_count must equal the routed counts), so a
+broken kernel cannot produce a fast number.
+
+Ranks: one process per GPU (--ranks defaults to the visible GPUs). --ranks larger than the GPU count makes ranks
+share GPUs: the protocol runs, the times do not mean anything (the table says so). Output: a table last,
+--json PATH (all numbers) and a PNG plot of eager and graph round trips vs T beside it (PATH with .png).
+"""
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+H, E, K = 7168, 256, 8
+SYSTEMS = ('llep', 'deepep')
+COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'cpu_d', 'cpu_c', 'cpu_d_dd',
+           'cpu_c_dd')
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _t_max(T, R):
+    t = T
+    while (R * t) % 4:
+        t += 1
+    return t
+
+
+def _inputs(rank, T, dev):
+    g = torch.Generator(device=dev).manual_seed(rank + 17)
+    x = torch.randn((T, H), generator=g, device=dev).to(torch.bfloat16)
+    topk = torch.topk(torch.rand((T, E), generator=g, device=dev), K, dim=-1).indices.to(torch.int64)
+    if T > 1:
+        topk[T // 2, K - 1] = -1  # a skipped slot, as engines send for padded or masked selections
+    w = torch.rand((T, K), generator=g, device=dev)
+    return x, topk, w
+
+
+def _gpu_ahead():
+    """Synchronise, meet the other ranks, then keep this GPU busy ~50 ms so the host queues what follows."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda._sleep(100_000_000)
+
+
+def _kernel_times(fn, iters):
+    """Median-ready lists of kineto durations (µs) of the dispatch / combine kernels, in launch order."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _gpu_ahead()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = {'dispatch': [], 'combine': []}
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    for e in evs:
+        for op in out:
+            if f'::{op}' in e.name:
+                out[op].append(e.time_range.elapsed_us())
+    return out
+
+
+def _eager_times(fn, iters):
+    """Host-inclusive: per iteration an idle, aligned GPU; events around the Python calls."""
+    a = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    b = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        torch.cuda.synchronize()
+        dist.barrier()
+        a[i].record()
+        fn()
+        b[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(a[i].elapsed_time(b[i]) * 1000 for i in range(iters))
+
+
+def _cpu_times(dispatch, combine, iters):
+    """Host CPU µs inside each call with the GPU busy ahead (queued launches never wait for the device)."""
+    _gpu_ahead()
+    d, c = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        h = dispatch()
+        t1 = time.perf_counter_ns()
+        combine(h)
+        t2 = time.perf_counter_ns()
+        d.append((t1 - t0) / 1000)
+        c.append((t2 - t1) / 1000)
+    torch.cuda.synchronize()
+    return statistics.median(d), statistics.median(c)
+
+
+class _System:
+    """One system's buffer and calls, through the DeepEP V1 Python API both implement."""
+
+    def __init__(self, name, group, R, T_top):
+        self.name = name
+        if name == 'llep':
+            import llep
+            self.buf = llep.Buffer(group, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, R, E),
+                                   low_latency_mode=True, explicitly_destroy=True)
+            self.buf.backend = 'cuda'
+        else:
+            import deep_ep
+            self.buf = deep_ep.Buffer(group, 0, deep_ep.Buffer.get_low_latency_rdma_size_hint(T_top, H, R, E),
+                                      low_latency_mode=True, num_qps_per_rank=max(1, E // R),
+                                      explicitly_destroy=True)
+
+    def dispatch(self, x, topk, T_max, **kw):
+        return self.buf.low_latency_dispatch(x, topk, T_max, E, **kw)
+
+    def combine(self, y, topk, w, handle, **kw):
+        return self.buf.low_latency_combine(y, topk, w, handle, **kw)
+
+
+def _gate(sysm, rank, R, T, T_max, dev):
+    """Correctness at this T (BF16 dispatch, identity experts), exact counts, combine within BF16 tolerance."""
+    x, topk, w = _inputs(rank, T, dev)
+    recv_x, count, handle, _, _ = sysm.dispatch(x, topk, T_max, use_fp8=False)
+    combined, _, _ = sysm.combine(recv_x, topk, w, handle)
+    torch.cuda.synchronize()
+    all_topk = [torch.empty_like(topk.cpu()) for _ in range(R)]
+    dist.all_gather(all_topk, topk.cpu())
+    E_loc = E // R
+    routed = torch.cat(all_topk)
+    want = torch.stack([(routed == rank * E_loc + i).sum() for i in range(E_loc)]).to(torch.int32)
+    if not torch.equal(count.cpu(), want):
+        raise AssertionError(f'{sysm.name} T={T}: recv_count differs from the routed counts')
+    ref = (x.float() * (w * (topk >= 0)).sum(1, keepdim=True)).to(torch.bfloat16).float()
+    err = ((combined.float() - ref).norm() / ref.norm()).item()
+    if not err < 2e-2:  # BF16 rows summed in fp32 then rounded: ~4e-3 expected; NaN fails too
+        raise AssertionError(f'{sysm.name} T={T}: combine differs from sum_k w x by {err:.3g} (relative)')
+
+
+def _measure(sysm, rank, R, T, T_max, dev, iters):
+    x, topk, w = _inputs(rank, T, dev)
+    E_loc = E // R
+    y = torch.randn((E_loc, R * T_max, H), device=dev).to(torch.bfloat16)
+    out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+
+    def plain():
+        _, _, hd, _, _ = sysm.dispatch(x, topk, T_max)
+        sysm.combine(y, topk, w, hd, out=out)
+
+    def hooked():
+        _, _, hd, _, hook = sysm.dispatch(x, topk, T_max, return_recv_hook=True)
+        hook()
+        _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
+        chook()
+
+    for _ in range(20):
+        plain()
+        hooked()
+    torch.cuda.synchronize()
+    r = {}
+    med = statistics.median
+    k = _kernel_times(plain, iters)
+    r['k_disp'], r['k_comb'] = med(k['dispatch']), med(k['combine'])
+    kh = _kernel_times(hooked, iters)
+    r['h_ds'], r['h_dr'] = med(kh['dispatch'][0::2]), med(kh['dispatch'][1::2])
+    r['h_cs'], r['h_cr'] = med(kh['combine'][0::2]), med(kh['combine'][1::2])
+    r['eager'] = _eager_times(plain, iters)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plain()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    dist.barrier()
+    with torch.cuda.graph(g):
+        plain()
+    torch.cuda.synchronize()
+    dist.barrier()
+    for _ in range(10):
+        g.replay()
+    r['graph'] = _eager_times(g.replay, iters)
+    del g
+
+    def d():
+        return sysm.dispatch(x, topk, T_max)[2]
+
+    def c(hd):
+        sysm.combine(y, topk, w, hd, out=out)
+
+    r['cpu_d'], r['cpu_c'] = _cpu_times(d, c, iters)
+    torch.set_default_device(dev)
+    try:
+        r['cpu_d_dd'], r['cpu_c_dd'] = _cpu_times(d, c, iters)
+    finally:
+        torch.set_default_device(None)
+    torch.cuda.synchronize()
+    return r
+
+
+def _max_over_ranks(v):
+    t = torch.tensor([float(v)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _worker(rank, R, port, Ts, iters, systems, json_path):
+    faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '500')), exit=True)
+    ngpu = torch.cuda.device_count()
+    torch.cuda.set_device(rank % ngpu)
+    dev = torch.device('cuda', rank % ngpu)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
+                            timeout=datetime.timedelta(seconds=300))
+    group = dist.group.WORLD
+    T_top = max(_t_max(T, R) for T in Ts)
+    rows = {T: {'T': T, 'T_max': _t_max(T, R), 'deepep_refuses_T': _t_max(T, R) != T} for T in Ts}
+    notes = {}
+    for name in systems:
+        try:
+            sysm = _System(name, group, R, T_top)
+        except Exception as e:  # DeepEP not built / NVSHMEM refused: say so, measure the rest
+            notes[name] = f'unavailable: {type(e).__name__}: {e}'
+            if rank == 0:
+                print(f'{name}: {notes[name]}', flush=True)
+            continue
+        for T in Ts:
+            T_max = rows[T]['T_max']
+            sysm.buf.clean_low_latency_buffer(T_max, H, E)
+            try:
+                _gate(sysm, rank, R, T, T_max, dev)
+                r = _measure(sysm, rank, R, T, T_max, dev, iters)
+            except Exception as e:
+                notes[f'{name} T={T}'] = f'{type(e).__name__}: {e}'
+                print(f'[rank {rank}] {name} T={T}: {type(e).__name__}: {e}', flush=True)
+                raise
+            r = {k: _max_over_ranks(v) for k, v in r.items()}
+            rows[T].update({f'{name}_{k}': v for k, v in r.items()})
+            if rank == 0:
+                print(f'[{time.strftime("%H:%M:%S")}] {name} T={T} (T_max {T_max}): ' +
+                      ', '.join(f'{k} {v:.1f}' for k, v in r.items()), flush=True)
+        dist.barrier()
+        sysm.buf.destroy()
+        del sysm
+        torch.cuda.synchronize()
+    if rank == 0:
+        _report(R, ngpu, dev, iters, [rows[T] for T in Ts], notes, json_path)
+    dist.destroy_process_group()
+
+
+def _report(R, ngpu, dev, iters, rows, notes, json_path):
+    gpu = torch.cuda.get_device_name(dev)
+    shared = R > ngpu
+    print(f'\nllep vs DeepEP V1, low latency: {R} ranks on {ngpu} x {gpu}, hidden {H}, top-{K}, {E} experts, FP8 '
+          f'dispatch / BF16 combine; medians of {iters}, max over ranks (µs); ratio = llep / DeepEP')
+    if shared:
+        print('WARNING: ranks share GPUs: protocol check only, these times are not performance numbers')
+    for k, v in notes.items():
+        print(f'note: {k}: {v}')
+    hdr = f'{"T":>4} {"Tmax":>4} | ' + ' '.join(f'{c:>17}' for c in COLUMNS)
+    print(hdr)
+    for r in rows:
+        cells = []
+        for c in COLUMNS:
+            a, b = r.get(f'llep_{c}'), r.get(f'deepep_{c}')
+            if a is None:
+                cells.append(f'{"-":>17}')
+            elif b is None:
+                cells.append(f'{a:>7.1f}/{"-":>5}{"":>4}')
+            else:
+                cells.append(f'{a:>6.1f}/{b:>5.1f} {a / b:>4.2f}')
+        print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
+    print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c), eager = host-inclusive round '
+          'trip, graph = one replay of both, cpu = host µs per call (_dd: with a default device)')
+    refused = [r['T'] for r in rows if r['deepep_refuses_T']]
+    if refused:
+        print(f'DeepEP refuses num_max_dispatch_tokens_per_rank = T for T in {refused} (R * T % 4 != 0): both ran '
+              'with the T_max shown')
+    if not json_path:
+        return
+    with open(json_path, 'w') as f:
+        json.dump({'ranks': R, 'gpus': ngpu, 'gpu': gpu, 'shared_gpus': shared, 'hidden': H, 'experts': E,
+                   'topk': K, 'iters': iters, 'notes': notes, 'rows': rows,
+                   'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('no matplotlib: PNG skipped')
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    Ts = [r['T'] for r in rows]
+    for name, color in (('llep', 'tab:blue'), ('deepep', 'tab:red')):
+        for col, style in (('eager', '-o'), ('graph', '--s')):
+            ys = [r.get(f'{name}_{col}') for r in rows]
+            if all(y is not None for y in ys):
+                ax.plot(Ts, ys, style, color=color, label=f'{name} {col}')
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('tokens per rank (T)')
+    ax.set_ylabel('dispatch + combine round trip (µs, median)')
+    ax.set_title(f'{R} ranks, {gpu}' + (' (shared GPUs: not performance)' if shared else ''))
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    png = os.path.splitext(json_path)[0] + '.png'
+    fig.savefig(png, dpi=110, bbox_inches='tight')
+    print(f'wrote {json_path} and {png}')
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--ranks', type=int, default=0, help='ranks (default: the visible GPUs, at most 8)')
+    ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32, 128, 256])
+    ap.add_argument('--iters', type=int, default=200)
+    ap.add_argument('--systems', default='llep,deepep', help='comma-separated subset of llep,deepep')
+    ap.add_argument('--json', default='')
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print('ll_side_by_side: no CUDA device')
+        return 1
+    systems = [s for s in args.systems.split(',') if s]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f'unknown systems {bad}')
+    R = args.ranks or min(torch.cuda.device_count(), 8)
+    os.environ.setdefault('NCCL_NVLS_ENABLE', '0')
+    os.environ.setdefault('TORCH_SYMM_MEM_DISABLE_MULTICAST', '1')
+    os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
+    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, systems, args.json), nprocs=R, join=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
