@@ -1,6 +1,7 @@
 // DispatchCall / CombineCall from the integer addresses llep/buffer.py passes (tensors never cross as torch
-// objects). Layer: server_hooks/bindings. One definition for the CPU and the GPU buffer bindings, whose Python
-// argument lists are the same up to the trailing GPU-only arguments.
+// objects). Layer: server_hooks/bindings. One definition for the CPU and the GPU buffer bindings, whose dispatch /
+// combine / receive methods take the same arguments (the CPU backend ignores the stream handle), so llep/buffer.py
+// has one call path for both.
 #pragma once
 
 #include <cstdint>

@@ -31,27 +31,30 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
     Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
-  std::shared_ptr<PendingOp> DispatchSend(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
-                                          bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
-                                          uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
-                                          uintptr_t cumulative_stats, uintptr_t wait_stats) {
+  // The backend interface both bindings share (call_from_addresses.h): dispatch / combine take the call's addresses,
+  // `split` and a stream handle (unused here), and return the pending operation when split (the hook's), else run
+  // the receive phase at once and return None.
+  py::object Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
+                      bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
+                      uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats,
+                      bool split, uintptr_t /*stream*/) {
     const DispatchCall c =
         DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
                                   recv_count, src_info, layout_range, cumulative_stats, wait_stats);
     CpuBuffer* buf = Live();
-    return SendWithoutGil([&] { return buf->DispatchSend(c); });
+    return SendThenMaybeReceive([&] { return buf->DispatchSend(c); }, split);
   }
 
-  std::shared_ptr<PendingOp> CombineSend(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
-                                         int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats) {
+  py::object Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens, int num_topk,
+                     uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split, uintptr_t /*stream*/) {
     const CombineCall c =
         CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats);
     CpuBuffer* buf = Live();
-    return SendWithoutGil([&] { return buf->CombineSend(c); });
+    return SendThenMaybeReceive([&] { return buf->CombineSend(c); }, split);
   }
 
   /// The receive phase (the hook). Releases the GIL while waiting: vLLM runs hooks from another thread.
-  void Receive(const std::shared_ptr<PendingOp>& op) {
+  void Receive(const std::shared_ptr<PendingOp>& op, uintptr_t /*stream*/) {
     if (!op || op->seq() == 0) ThrowIfError(absl::FailedPreconditionError("receive hook already ran"));
     PendingOp taken = std::move(*op);
     absl::Status s;
@@ -77,16 +80,21 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
   }
 
  private:
-  // Runs a send phase with the GIL released (it may wait on a full proxy ring) and wraps the pending op.
+  // Runs a send phase with the GIL released (it may wait on a full proxy ring); when not split, the receive phase
+  // too. Returns the pending op (split) or None.
   template <typename SendFn>
-  static std::shared_ptr<PendingOp> SendWithoutGil(SendFn&& send) {
+  py::object SendThenMaybeReceive(SendFn&& send, bool split) {
     absl::StatusOr<PendingOp> op;
+    absl::Status received;
     {
       py::gil_scoped_release nogil;
       op = send();
+      if (op.ok() && !split) received = Live()->Receive(*std::move(op));
     }
     ThrowIfError(op.status());
-    return std::make_shared<PendingOp>(*std::move(op));
+    ThrowIfError(received);
+    if (!split) return py::none();
+    return py::cast(std::make_shared<PendingOp>(*std::move(op)));
   }
 };
 
@@ -100,8 +108,8 @@ void BindCpuBuffer(py::module_& m) {
   c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool>(), py::arg("T"),
         py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
         py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true)
-      .def("dispatch_send", &PyCpuBuffer::DispatchSend)
-      .def("combine_send", &PyCpuBuffer::CombineSend)
+      .def("dispatch", &PyCpuBuffer::Dispatch)
+      .def("combine", &PyCpuBuffer::Combine)
       .def("receive", &PyCpuBuffer::Receive)
       .def("next_combine_buffer", &PyCpuBuffer::NextCombineBuffer)
       .def_property_readonly("combine_row_stride", &PyCpuBuffer::combine_row_stride)

@@ -37,27 +37,23 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
     Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
-  std::shared_ptr<GpuPendingOp> Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
-                                         bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
-                                         uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
-                                         uintptr_t cumulative_stats, uintptr_t wait_stats, bool split,
-                                         uintptr_t stream) {
+  // The backend interface both bindings share (call_from_addresses.h): the pending operation when split (the
+  // hook's), else None (nothing to hold: the receive phase is queued in the same launch).
+  py::object Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
+                      bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
+                      uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats,
+                      bool split, uintptr_t stream) {
     const DispatchCall c =
         DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
                                   recv_count, src_info, layout_range, cumulative_stats, wait_stats);
-    auto op = Live()->Dispatch(c, split, Stream(stream));
-    ThrowIfError(op.status());
-    return std::make_shared<GpuPendingOp>(*op);
+    return Pending(Live()->Dispatch(c, split, Stream(stream)), split);
   }
 
-  std::shared_ptr<GpuPendingOp> Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
-                                        int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats,
-                                        bool split, uintptr_t stream) {
+  py::object Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens, int num_topk,
+                     uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split, uintptr_t stream) {
     const CombineCall c =
         CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats);
-    auto op = Live()->Combine(c, split, Stream(stream));
-    ThrowIfError(op.status());
-    return std::make_shared<GpuPendingOp>(*op);
+    return Pending(Live()->Combine(c, split, Stream(stream)), split);
   }
 
   /// The hook: queues the receive phase on `stream`. Never waits on the host.
@@ -98,6 +94,13 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
     auto t = Live()->KernelTrace();
     ThrowIfError(t.status());
     return *std::move(t);
+  }
+
+ private:
+  static py::object Pending(absl::StatusOr<GpuPendingOp> op, bool split) {
+    ThrowIfError(op.status());
+    if (!split) return py::none();
+    return py::cast(std::make_shared<GpuPendingOp>(*std::move(op)));
   }
 };
 

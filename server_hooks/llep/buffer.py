@@ -30,8 +30,8 @@ starts a Prometheus exporter per rank on LLEP_METRICS_ADDR (default 127.0.0.1) p
 else the rank), with constant labels from LLEP_METRICS_LABELS ("model_name=m,engine=sglang") and a snapshot every
 LLEP_METRICS_INTERVAL_S seconds (default 1).
 """
+import contextlib
 import os
-import threading
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
@@ -59,6 +59,18 @@ def _check_fork_kwargs(method: str, kwargs: Dict[str, Any], known: Tuple[str, ..
             raise TypeError(f'{method}() got an unexpected keyword argument {name!r}')
         if value is not None and value is not False:
             raise NotImplementedError(f'{method}({name}=...) is a DeepEP-fork feature llep does not implement yet')
+
+
+# Torch-function handling off: a mode (torch.set_default_device installs one) or a subclass would otherwise route every
+# tensor call below through Python. The calls pass explicit devices, so nothing depends on the default device.
+_NoTorchFunction = getattr(torch._C, 'DisableTorchFunction', contextlib.nullcontext)
+_raw_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None)  # device index -> cudaStream_t as int
+
+
+def _fast_ok(t: Any, dtype: torch.dtype, dev_index: int) -> bool:
+    """The per-call tensor check: type, dtype, contiguity and device (-1 = CPU) in a few attribute reads; a failure
+    goes to the detailed checks for the message."""
+    return isinstance(t, torch.Tensor) and t.dtype is dtype and t.is_contiguous() and t.get_device() == dev_index
 
 
 def _check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Tuple[Optional[int], ...],
@@ -114,6 +126,30 @@ class _TorchCudaEvent:
         torch.cuda.current_stream().wait_event(self.event)
 
 
+_NO_EVENT = EventOverlap(None, None)  # what a call without async_finish returns (holds nothing, shared)
+
+
+class _ReceiveHook:
+    """The receive hook low_latency_dispatch / low_latency_combine return with return_recv_hook=True: launches (GPU) or
+    runs (CPU, releasing the GIL; safe from another thread, as vLLM's DBO does) the receive phase once. Holds the call's
+    tensors until then: stream order keeps them valid afterwards."""
+
+    __slots__ = ('_buffer', '_runtime', '_op', '_keep')
+
+    def __init__(self, buffer: 'Buffer', runtime: Any, op: Any, keep: Tuple) -> None:
+        self._buffer, self._runtime, self._op, self._keep = buffer, runtime, op, keep
+
+    def __call__(self) -> None:
+        op, self._op = self._op, None
+        if op is None:
+            raise _llep.LlepFailedPreconditionError('this receive hook already ran')
+        try:
+            with _NoTorchFunction():
+                self._runtime.receive(op, self._buffer._stream())
+        finally:
+            self._keep = None
+
+
 class Buffer:
     """The expert-parallel communication buffer, low-latency mode (DeepEP V1 API).
 
@@ -157,6 +193,9 @@ class Buffer:
         self.metrics_port: Optional[int] = None  # the exporter's bound port once started
         self._destroyed = False
         self._device: Optional[torch.device] = None
+        self._dev_index = -1  # CUDA device index of the backend, -1 for the CPU backend
+        self._out_specs: Dict[Tuple[bool, bool], Tuple] = {}  # dispatch output shapes per (use_fp8, use_ue8m0)
+        self._combine_specs: Tuple = ()  # combine's expected x / src_info / layout_range shapes
         default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
         self.backend = os.environ.get('LLEP_BACKEND', default)
 
@@ -170,6 +209,8 @@ class Buffer:
         return list(self.comm.allgather(blob))
 
     def _backend(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> Any:
+        if self.runtime is not None and (num_max_dispatch_tokens_per_rank, hidden, num_experts) == self._shape:
+            return self.runtime  # the per-call case: one tuple compare
         if self._destroyed:
             raise _llep.LlepFailedPreconditionError('Buffer.destroy() was called')
         shape = (int(num_max_dispatch_tokens_per_rank), int(hidden), int(num_experts))
@@ -196,6 +237,10 @@ class Buffer:
         else:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
+        self._dev_index = self._device.index if self._device.type == 'cuda' else -1
+        self._out_specs = {}
+        E_loc, rows = shape[2] // self.group_size, self.group_size * shape[0]
+        self._combine_specs = ((E_loc, rows, shape[1]), (E_loc, rows), (E_loc, self.group_size))
         port = os.environ.get('LLEP_METRICS_PORT')
         if port is not None and self._metrics:
             local = int(os.environ.get('LOCAL_RANK', self.rank))
@@ -359,38 +404,11 @@ class Buffer:
         self._backend(*shape)
         self._allgather(b'')
 
-    def _finish(self, op: Any, keep: Tuple, async_finish: bool, return_recv_hook: bool
-                ) -> Tuple[EventOverlap, Optional[Callable[[], None]]]:
-        runtime = self.runtime
-        done = threading.Event()
-        if self._gpu:
-            # The send phase is queued (alone when return_recv_hook, else together with the receive phase).
-            def gpu_hook() -> None:
-                if done.is_set():
-                    raise _llep.LlepFailedPreconditionError('this receive hook already ran')
-                done.set()
-                runtime.receive(op, torch.cuda.current_stream().cuda_stream)
-                del gpu_keep[:]  # the receive phase is queued; stream order keeps the memory valid
-
-            gpu_keep = list(keep)
-            if return_recv_hook:
-                return EventOverlap(None, None), gpu_hook
-            if async_finish:
-                return EventOverlap(_TorchCudaEvent(), keep), None
-            return EventOverlap(None, None), None
-
-        def hook() -> None:
-            if done.is_set():
-                raise _llep.LlepFailedPreconditionError('this receive hook already ran')
-            done.set()
-            runtime.receive(op)  # releases the GIL while waiting; safe from another thread (vLLM DBO)
-            del keep_alive[:]
-
-        keep_alive = list(keep)  # raw pointers live in C++ until the receive phase ran
-        if return_recv_hook:
-            return EventOverlap(None, None), hook
-        hook()
-        return (EventOverlap(CompletedEvent(), keep) if async_finish else EventOverlap(None, None)), None
+    # Host path (issue #19): these two calls are on every decode step of an engine that does not capture graphs, so
+    # they do per call only what cannot be done once: a few attribute reads to check the tensors (the detailed
+    # messages are built only when a check fails), the output allocations, one native call. Torch-function handling
+    # is off inside (a default device set with torch.set_default_device routes every tensor call through a Python
+    # hook, ~3x dearer), and the stream is read as a raw handle. Both backends share one call path.
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
@@ -405,50 +423,75 @@ class Buffer:
         [num_local_experts, num_ranks * T, hidden]; rows of one (expert, source rank) block are in source-token
         order and blocks in source order, so the result is deterministic.
         """
-        _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
+        if kwargs:
+            _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
         if async_finish and return_recv_hook:
             raise _invalid('async_finish and return_recv_hook are mutually exclusive')
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise _invalid('x must be a 2-D torch.Tensor [num_tokens, hidden]')
-        num_tokens, hidden = x.shape
-        runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        with _NoTorchFunction():
+            if not isinstance(x, torch.Tensor) or x.dim() != 2:
+                raise _invalid('x must be a 2-D torch.Tensor [num_tokens, hidden]')
+            num_tokens, hidden = x.shape
+            runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+            dev_index = self._dev_index
+            if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
+                    topk_idx.dim() == 2 and topk_idx.size(0) == num_tokens and
+                    cumulative_local_expert_recv_stats is None and dispatch_wait_recv_cost_stats is None):
+                self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+            out = self._dispatch_outputs(use_fp8, use_ue8m0)
+            # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4
+            # µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md).
+            recv_x = x.new_empty(out[0], dtype=out[1])
+            scales = x.new_empty_strided(out[2], out[3], dtype=out[4]) if use_fp8 else None
+            recv_count = x.new_empty(out[5], dtype=torch.int32)
+            src_info = x.new_empty(out[6], dtype=torch.int32)
+            layout_range = x.new_empty(out[7], dtype=torch.int64)
+            op = runtime.dispatch(
+                x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
+                recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
+                layout_range.data_ptr(),
+                0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
+                0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
+                return_recv_hook, self._stream())
+            event, hook = _NO_EVENT, None
+            if return_recv_hook or async_finish:
+                keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range,
+                        cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+                if return_recv_hook:
+                    hook = _ReceiveHook(self, runtime, op, keep)
+                else:
+                    event = EventOverlap(self._completion_event(), keep)
+            handle = (src_info, layout_range, int(num_max_dispatch_tokens_per_rank), hidden, int(num_experts))
+            return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
+
+    def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> Tuple:
+        """Shapes, strides and dtypes of a dispatch's outputs for this layout (computed once per mode)."""
+        key = (use_fp8, use_ue8m0)
+        spec = self._out_specs.get(key)
+        if spec is None:
+            T, hidden, num_experts = self._shape
+            R = self.group_size
+            E_loc, rows = num_experts // R, R * T
+            # Scales are column-major in the last two dims (MN-major), as DeepGEMM's masked GEMM expects.
+            groups, s_dtype = (hidden // 512, torch.int32) if use_ue8m0 else (hidden // 128, torch.float32)
+            spec = ((E_loc, rows, hidden), (_FP8 or torch.uint8) if use_fp8 else torch.bfloat16,
+                    (E_loc, rows, groups), (groups * rows, 1, rows), s_dtype, (E_loc,), (E_loc, rows), (E_loc, R))
+            self._out_specs[key] = spec
+        return spec
+
+    def _explain_dispatch(self, x: Any, topk_idx: Any, cumulative: Any, wait: Any) -> None:
+        """The detailed checks of dispatch's tensors: raises the precise error (a fast check failed), or returns when
+        only the optional statistics tensors needed their checks and passed them."""
         dev = self._device
+        T, _, num_experts = self._shape
+        R = self.group_size
         _check_tensor('x', x, torch.bfloat16, (None, None), dev)
         _check_tensor('topk_idx', topk_idx, topk_idx_t, (x.size(0), None), dev)
-        T, R = int(num_max_dispatch_tokens_per_rank), self.group_size
-        E_loc, rows = int(num_experts) // R, R * int(num_max_dispatch_tokens_per_rank)
-        if cumulative_local_expert_recv_stats is not None:
-            _check_tensor('cumulative_local_expert_recv_stats', cumulative_local_expert_recv_stats, torch.int32, (E_loc,),
-                          dev)
-        if dispatch_wait_recv_cost_stats is not None:
-            _check_tensor('dispatch_wait_recv_cost_stats', dispatch_wait_recv_cost_stats, torch.int64, (R,), dev)
-
-        recv_x = torch.empty((E_loc, rows, hidden), dtype=(_FP8 or torch.uint8) if use_fp8 else torch.bfloat16,
-                             device=dev)
-        scales = None
-        if use_fp8:
-            # Column-major in the last two dims (MN-major), as DeepGEMM's masked GEMM expects.
-            if use_ue8m0:
-                scales = torch.empty((E_loc, hidden // 512, rows), dtype=torch.int32, device=dev).transpose(1, 2)
-            else:
-                scales = torch.empty((E_loc, hidden // 128, rows), dtype=torch.float32, device=dev).transpose(1, 2)
-        recv_count = torch.empty((E_loc,), dtype=torch.int32, device=dev)
-        src_info = torch.empty((E_loc, rows), dtype=torch.int32, device=dev)
-        layout_range = torch.empty((E_loc, R), dtype=torch.int64, device=dev)
-        args = (x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
-                recv_x.data_ptr(), scales.data_ptr() if scales is not None else 0, recv_count.data_ptr(),
-                src_info.data_ptr(), layout_range.data_ptr(),
-                cumulative_local_expert_recv_stats.data_ptr() if cumulative_local_expert_recv_stats is not None else 0,
-                dispatch_wait_recv_cost_stats.data_ptr() if dispatch_wait_recv_cost_stats is not None else 0)
-        if self._gpu:
-            op = runtime.dispatch(*args, return_recv_hook, torch.cuda.current_stream().cuda_stream)
-        else:
-            op = runtime.dispatch_send(*args)
-        keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range, cumulative_local_expert_recv_stats,
-                dispatch_wait_recv_cost_stats)
-        event, hook = self._finish(op, keep, async_finish, return_recv_hook)
-        handle = (src_info, layout_range, T, hidden, int(num_experts))
-        return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
+        if cumulative is not None:
+            _check_tensor('cumulative_local_expert_recv_stats', cumulative, torch.int32, (num_experts // R,), dev)
+        if wait is not None:
+            _check_tensor('dispatch_wait_recv_cost_stats', wait, torch.int64, (R,), dev)
+        if cumulative is None and wait is None:
+            raise _invalid('dispatch arguments are inconsistent')
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                             handle: tuple, use_logfmt: bool = False, zero_copy: bool = False,
@@ -459,40 +502,77 @@ class Buffer:
         """Returns expert outputs to their tokens' ranks and reduces them: out[t] = sum_k w[t,k] * y(t,k) in fp32
         in top-k order, -1 slots skipped, bitwise deterministic. use_logfmt is accepted and sent as BF16 (more precise
         than DeepEP's lossy LogFMT; the spec allows this fallback)."""
-        _check_fork_kwargs('low_latency_combine', kwargs, _COMBINE_FORK_KWARGS)
+        if kwargs:
+            _check_fork_kwargs('low_latency_combine', kwargs, _COMBINE_FORK_KWARGS)
         if use_logfmt and zero_copy:
             raise _invalid('use_logfmt and zero_copy cannot be combined')
         if async_finish and return_recv_hook:
             raise _invalid('async_finish and return_recv_hook are mutually exclusive')
-        if not isinstance(handle, tuple) or len(handle) != 5:
+        if type(handle) is not tuple or len(handle) != 5:
             raise _invalid('handle must be the 5-tuple low_latency_dispatch returned')
-        src_info, layout_range, T, hidden, num_experts = handle
-        runtime = self._backend(T, hidden, num_experts)
-        R, dev = self.group_size, self._device
-        E_loc, rows = num_experts // R, R * T
+        with _NoTorchFunction():
+            src_info, layout_range, T, hidden, num_experts = handle
+            runtime = self._backend(T, hidden, num_experts)
+            dev_index = self._dev_index
+            spec = self._combine_specs
+            if not (_fast_ok(topk_idx, topk_idx_t, dev_index) and topk_idx.dim() == 2 and
+                    _fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_idx.shape and
+                    (zero_copy or (_fast_ok(x, torch.bfloat16, dev_index) and x.shape == spec[0])) and
+                    _fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
+                    _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2] and
+                    (out is None or (_fast_ok(out, torch.bfloat16, dev_index) and out.dim() == 2 and
+                                     out.size(0) == topk_idx.size(0) and out.size(1) == hidden)) and
+                    combine_wait_recv_cost_stats is None):
+                self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
+                                      combine_wait_recv_cost_stats)
+            num_tokens = topk_idx.size(0)
+            if out is None:
+                out = topk_weights.new_empty((num_tokens, hidden), dtype=torch.bfloat16)
+            op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
+                                 topk_weights.data_ptr(), num_tokens, topk_idx.size(1), layout_range.data_ptr(),
+                                 out.data_ptr(),
+                                 0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
+                                 return_recv_hook, self._stream())
+            event, hook = _NO_EVENT, None
+            if return_recv_hook or async_finish:
+                keep = (x, topk_idx, topk_weights, layout_range, out, combine_wait_recv_cost_stats)
+                if return_recv_hook:
+                    hook = _ReceiveHook(self, runtime, op, keep)
+                else:
+                    event = EventOverlap(self._completion_event(), keep)
+            return out, event, hook
+
+    def _explain_combine(self, x: Any, zero_copy: bool, topk_idx: Any, topk_weights: Any, src_info: Any,
+                         layout_range: Any, out: Any, wait: Any) -> None:
+        """The detailed checks of combine's tensors: raises the precise error (a fast check failed), or returns when
+        only the optional statistics tensor needed its check and passed it."""
+        dev = self._device
+        R = self.group_size
+        (E_loc, rows, hidden), _, _ = self._combine_specs
         if not zero_copy:  # with zero_copy DeepEP ignores x (the rows are already in the buffer)
             _check_tensor('x', x, torch.bfloat16, (E_loc, rows, hidden), dev)
         _check_tensor('topk_idx', topk_idx, topk_idx_t, (None, None), dev)
         _check_tensor('topk_weights', topk_weights, torch.float32, tuple(topk_idx.shape), dev)
         _check_tensor('handle[0] (src_info)', src_info, torch.int32, (E_loc, rows), dev)
         _check_tensor('handle[1] (layout_range)', layout_range, torch.int64, (E_loc, R), dev)
-        num_tokens = topk_idx.size(0)
-        if out is None:
-            out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=dev)
-        else:
-            _check_tensor('out', out, torch.bfloat16, (num_tokens, hidden), dev)
-        if combine_wait_recv_cost_stats is not None:
-            _check_tensor('combine_wait_recv_cost_stats', combine_wait_recv_cost_stats, torch.int64, (R,), dev)
-        args = (0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(), topk_weights.data_ptr(), num_tokens,
-                topk_idx.size(1), layout_range.data_ptr(), out.data_ptr(),
-                combine_wait_recv_cost_stats.data_ptr() if combine_wait_recv_cost_stats is not None else 0)
-        if self._gpu:
-            op = runtime.combine(*args, return_recv_hook, torch.cuda.current_stream().cuda_stream)
-        else:
-            op = runtime.combine_send(*args)
-        keep = (x, topk_idx, topk_weights, layout_range, out, combine_wait_recv_cost_stats)
-        event, hook = self._finish(op, keep, async_finish, return_recv_hook)
-        return out, event, hook
+        if out is not None:
+            _check_tensor('out', out, torch.bfloat16, (topk_idx.size(0), hidden), dev)
+        if wait is not None:
+            _check_tensor('combine_wait_recv_cost_stats', wait, torch.int64, (R,), dev)
+            return
+        raise _invalid('combine arguments are inconsistent')
+
+    def _stream(self) -> int:
+        """The raw handle of the current stream of this buffer's device (0 on the CPU backend)."""
+        if self._dev_index < 0:
+            return 0
+        if _raw_stream is not None:
+            return _raw_stream(self._dev_index)
+        return torch.cuda.current_stream(self._device).cuda_stream
+
+    def _completion_event(self) -> Any:
+        """What async_finish returns: a CUDA event recorded on the current stream, or a completed one (CPU)."""
+        return _TorchCudaEvent() if self._dev_index >= 0 else CompletedEvent()
 
     def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
         """bf16 [num_local_experts, num_ranks * T, hidden] view of the staging the next combine reads with

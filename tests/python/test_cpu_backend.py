@@ -214,6 +214,48 @@ def _worker(rank, port, provider):
         buf.low_latency_dispatch(big, torch.zeros((T + 1, K), dtype=torch.int64), T, E)
     with pytest.raises(ValueError, match='mutually exclusive'):
         buf.low_latency_dispatch(x, topk, T, E, async_finish=True, return_recv_hook=True)
+    # Every per-call check is a few attribute reads; a failing one still gets the detailed message.
+    with pytest.raises(ValueError, match='topk_idx must have dtype'):
+        buf.low_latency_dispatch(x, topk.int(), T, E)
+    with pytest.raises(ValueError, match='x must be contiguous'):
+        buf.low_latency_dispatch(x.t().contiguous().t(), topk, T, E)
+    with pytest.raises(ValueError, match=r'topk_idx must have shape \(%d' % x.size(0)):
+        buf.low_latency_dispatch(x, topk[1:], T, E)
+    with pytest.raises(ValueError, match='cumulative_local_expert_recv_stats must have shape'):
+        buf.low_latency_dispatch(x, topk, T, E, cumulative_local_expert_recv_stats=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match='dispatch_wait_recv_cost_stats must have dtype'):
+        buf.low_latency_dispatch(x, topk, T, E, dispatch_wait_recv_cost_stats=torch.zeros(R, dtype=torch.int32))
+    (_, _), _, good, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+    y = torch.zeros((E // R, R * T, H), dtype=torch.bfloat16)
+    for bad_call, message in (
+            (lambda: buf.low_latency_combine(y.float(), topk, w, good), 'x must have dtype'),
+            (lambda: buf.low_latency_combine(y[:, :-1], topk, w, good), 'x must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w[:, :-1], good), 'topk_weights must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w.double(), good), 'topk_weights must have dtype'),
+            (lambda: buf.low_latency_combine(y, topk, w, (good[0][:1],) + good[1:]), r'src_info\) must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w, (good[0], good[1].int()) + good[2:]),
+             r'layout_range\) must have dtype'),
+            (lambda: buf.low_latency_combine(y, topk, w, good, out=torch.empty((1, H), dtype=torch.bfloat16)),
+             'out must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w, good, combine_wait_recv_cost_stats=torch.zeros(R + 1,
+                                                                                                          dtype=torch.int64)),
+             'combine_wait_recv_cost_stats must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w, list(good)), 'handle must be the 5-tuple')):
+        with pytest.raises(ValueError, match=message):
+            bad_call()
+    # Nothing above was sent: the buffer still works, also for a caller that set a default device (torch function
+    # modes are off inside the calls), and the optional statistics tensors pass their checks when right.
+    if hasattr(torch, 'set_default_device'):
+        torch.set_default_device('cpu')
+    stats = torch.zeros(E // R, dtype=torch.int32)
+    try:
+        (_, _), count, good, _, _ = buf.low_latency_dispatch(x, topk, T, E, cumulative_local_expert_recv_stats=stats)
+        out, _, _ = buf.low_latency_combine(y, topk, w, good, combine_wait_recv_cost_stats=torch.zeros(R,
+                                                                                                        dtype=torch.int64))
+    finally:
+        if hasattr(torch, 'set_default_device'):
+            torch.set_default_device(None)
+    assert torch.equal(stats, count) and out.shape == (x.size(0), H)
     with pytest.raises(ValueError, match='every call must agree'):
         buf.low_latency_dispatch(x, topk, T * 2, E)
     with pytest.raises(NotImplementedError, match='use_nvfp4'):
