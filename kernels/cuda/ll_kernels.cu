@@ -1317,14 +1317,37 @@ cudaError_t ConfigureLlKernels(int64_t bytes) {
   return cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
+namespace {
+
+/// A launch with a send phase has CTAs that wait for other CTAs of the same launch (PublishWhenDone polls the
+/// completion counter the other CTAs add to; a kPhaseBoth launch also waits for signals its own send phase
+/// publishes). That needs every CTA resident at once, which only the cooperative attribute guarantees: without it, a
+/// kernel on another stream (a GEMM, the other micro-batch's launch) can hold SMs while launched CTAs spin, and the
+/// operation stalls until the timeout. A receive-only launch waits only for peers, so it launches plainly.
+template <typename Params>
+cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase, const LaunchConfig& cfg,
+                     int64_t shared_bytes, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cfg.num_ctas));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = (phase & kPhaseSend) != 0 ? 1 : 0;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p, static_cast<int>(phase));
+}
+
+}  // namespace
+
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
-  dispatch<<<cfg.num_ctas, kThreads, DispatchSharedBytes(p.ctx.layout.shape), stream>>>(p, phase);
-  return cudaGetLastError();
+  return LaunchLl(dispatch, p, phase, cfg, DispatchSharedBytes(p.ctx.layout.shape), stream);
 }
 
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
-  combine<<<cfg.num_ctas, kThreads, CombineSharedBytes(p.ctx.layout.shape), stream>>>(p, phase);
-  return cudaGetLastError();
+  return LaunchLl(combine, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape), stream);
 }
 
 }  // namespace llep::kernels::cuda

@@ -214,9 +214,11 @@ struct CombineParams {
 /// else uses that area; rows for a call are written after the previous combine's send launch (stream order).
 inline constexpr int kZeroCopyHalf = 0;
 
-/// Launch geometry. Every CTA of a launch must be resident at once (the receive phase of a kPhaseBoth launch
-/// waits on signals other CTAs produce), so num_ctas must not exceed the SM count; and a CTA counts the routes of at
-/// most kMaxDestinationsPerCta destinations, so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
+/// Launch geometry. Every CTA of a launch with a send phase must be resident at once (a publishing CTA waits for the
+/// other CTAs' completion adds; a kPhaseBoth launch's receive waits on signals other CTAs publish), so those launches
+/// are cooperative (a grid that cannot be co-resident is refused with cudaErrorCooperativeLaunchTooLarge instead of
+/// stalling behind a concurrent kernel); and a CTA counts the routes of at most kMaxDestinationsPerCta destinations,
+/// so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
 struct LaunchConfig {
   int num_ctas = 0;
 };
