@@ -1,0 +1,311 @@
+// What every phase of the low-latency kernels uses: launch constants, the memory model, error records, proxy FIFO
+// pushes, metrics stamps, and the signal protocol (waiting for sources, completion counters, publishing).
+// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
+// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+#pragma once
+
+#include "kernels/cuda/ll_kernels.h"
+#include "runtime/protocol/signal.h"
+#include "runtime/protocol/sys_order.h"
+
+namespace llep::kernels::cuda {
+namespace {
+
+using protocol::LlOp;
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kK = protocol::kMaxTopK;
+constexpr int kChunk = 512;    // channels per dispatch work item: 16 per lane
+constexpr int kCopyRegs = 16;  // 16-byte registers per lane a warp copy keeps in flight: 8 KiB per warp pass
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+// ------------------------------------------------------------------------------------------ memory model
+
+// Signal words: protocol::LoadAcquireSys / StoreReleaseSys (runtime/protocol/sys_order.h).
+__device__ __forceinline__ void FenceSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ uint64_t NowNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint4 Ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void St16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
+
+/// Peer bases for a warp: with R <= 32, lane r loads rank r's region base once (LanePeer, early in a phase, next to
+/// the phase's first loads) and PeerBase is then a shuffle instead of a dependent global load before each store.
+/// PeerBase must be called by the whole warp with the same r.
+__device__ __forceinline__ uint8_t* LanePeer(const LlDeviceContext& c) {
+  const int lane = threadIdx.x % 32;
+  return c.layout.shape.num_ranks <= 32 && lane < c.layout.shape.num_ranks ? c.peers[lane] : nullptr;
+}
+__device__ __forceinline__ uint8_t* PeerBase(const LlDeviceContext& c, uint8_t* lane_peer, int r) {
+  if (c.layout.shape.num_ranks > 32) return c.peers[r];
+  return reinterpret_cast<uint8_t*>(__shfl_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(lane_peer), r));
+}
+
+/// Diagnostic timeline stamp (ll_kernels.h TracePoint) by the calling thread; one predictable branch when off.
+__device__ __forceinline__ void TraceThis(const LlDeviceContext& c, LlOp op, TracePoint point) {
+  if (c.trace != nullptr) c.trace[(static_cast<int64_t>(op) * gridDim.x + blockIdx.x) * kTracePoints + point] = NowNs();
+}
+/// The same by thread 0 of the CTA.
+__device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePoint point) {
+  if (threadIdx.x == 0) TraceThis(c, op, point);
+}
+
+// A warp copy pass: kCopyRegs 16-byte registers per lane, all loads of a pass in flight together.
+constexpr int64_t kCopyPassBytes = kCopyRegs * 512;
+
+__device__ __forceinline__ void LoadCopyPass(const uint8_t* src, int64_t bytes, int64_t base, uint4 (&v)[kCopyRegs]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kCopyRegs; ++i) {
+    const int64_t off = base + i * 512 + lane * 16;
+    v[i] = off < bytes ? Ld16(src + off) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int64_t bytes, int64_t base, const uint4 (&v)[kCopyRegs]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kCopyRegs; ++i) {
+    const int64_t off = base + i * 512 + lane * 16;
+    if (off < bytes) St16(dst + off, v[i]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ errors
+
+__device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq, int64_t detail) {
+  const bool fatal = code != kGpuBadExpertId && code != kGpuBadLayoutRange;
+  // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
+  if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == kGpuTimeout && c.metrics != nullptr) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op))), 1ull);
+  }
+  if (atomicCAS(&c.flags[0], 0u, 1u) != 0u) return;  // the first error keeps the record
+  volatile GpuErrorInfo* e = c.error;
+  e->op = static_cast<uint32_t>(op);
+  e->peer = peer;
+  e->seq = seq;
+  e->detail = detail;
+  __threadfence_system();
+  e->code = code;
+  __threadfence_system();
+}
+
+__device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
+  return *reinterpret_cast<volatile const uint32_t*>(&c.flags[1]) != 0u;
+}
+
+// ------------------------------------------------------------------------------------------ proxy peers
+
+/// Rank r is reached through the proxy (no mapped region). One load, skipped when the buffer has no proxy peers.
+__device__ __forceinline__ bool IsProxyPeer(const LlDeviceContext& c, int r) {
+  return c.proxy_region != nullptr && c.peers[r] == nullptr;
+}
+
+/// The region a source's signal and data arrive in: proxy sources deliver into proxy_region (ll_kernels.h).
+__device__ __forceinline__ const uint8_t* SrcBase(const LlDeviceContext& c, int src) {
+  return IsProxyPeer(c, src) ? c.proxy_region : c.local;
+}
+
+/// Pushes a command for proxy peer `dst`; the caller fenced (system scope) the staged bytes it names. A push that
+/// finds the proxy stopped records kGpuProxyFailed and returns (the operation then times out on its peers).
+__device__ void PushCmd(const LlDeviceContext& c, int dst, const protocol::FifoCmd& cmd, LlOp op, uint32_t seq) {
+  if (!protocol::FifoPush(c.fifos[dst], cmd)) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
+}
+
+/// Warp-collective PushCmd (converged warp): every lane with `active` pushes `cmd` for proxy peer `dst`. Lanes whose
+/// peers share a ring (one proxy thread serves many peers) push together with one claim atomic and one release store
+/// instruction (protocol::FifoPushWarp), a group per ring.
+__device__ void PushCmdWarp(const LlDeviceContext& c, int dst, const protocol::FifoCmd& cmd, bool active, LlOp op,
+                            uint32_t seq) {
+  const protocol::FifoRingHandle* h = active ? &c.fifos[dst] : nullptr;
+  const unsigned long long ring = active ? reinterpret_cast<unsigned long long>(h->ring) : 0ull;
+  for (unsigned pending = __ballot_sync(kFull, active); pending != 0;) {
+    const unsigned long long group = __shfl_sync(kFull, ring, __ffs(pending) - 1);
+    const bool mine = active && ring == group && ((pending >> (threadIdx.x % 32)) & 1u);
+    const protocol::FifoRingHandle handle = mine ? *h : protocol::FifoRingHandle{};
+    if (!protocol::FifoPushWarp(handle, cmd, mine) && mine) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
+    pending &= ~__ballot_sync(kFull, mine);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ metrics
+
+/// counters[word] += v, fire-and-forget (metrics on).
+__device__ __forceinline__ void AddMetric(const LlDeviceContext& c, int word, uint64_t v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + word), static_cast<unsigned long long>(v));
+}
+
+__device__ __forceinline__ OpStamps& StampSlot(const LlDeviceContext& c, uint32_t seq) {
+  return c.stamps[seq % kStampSlots];
+}
+
+/// *p = max(*p, now), fire-and-forget: the end stamps several CTAs contribute to.
+__device__ __forceinline__ void StampMax(uint64_t* p) {
+  atomicMax(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(NowNs()));
+}
+
+/// Bins the latencies of every operation whose receive phase a launch before this one started (so it finished:
+/// stream order), except call `except` (the caller's own). One thread. Stamps that do not make sense (an operation
+/// cut short by an error) are dropped rather than binned.
+__device__ void BinFinishedOps(const LlDeviceContext& c, uint32_t except) {
+  for (int i = 0; i < kStampSlots; ++i) {
+    OpStamps& st = c.stamps[i];
+    if (st.state != kStampReceiving || st.seq == except) continue;
+    const uint64_t s0 = st.send_start, s1 = st.send_end, r0 = st.recv_start, w1 = st.wait_end, r1 = st.recv_end;
+    st.state = kStampBinned;
+    if (s1 < s0 || w1 < r0 || r1 < w1 || r1 < s0) continue;
+    const uint64_t ns[protocol::kNumMetricPhases] = {s1 - s0, w1 - r0, r1 - s0};
+    protocol::AddOpLatencies(c.metrics_layout, static_cast<int>(st.op), ns,
+                             [&](int word, uint64_t v) { AddMetric(c, word, v); });
+  }
+}
+
+/// Every source's signal seen (CTA 0, thread 0, after the CTA's wait).
+__device__ __forceinline__ void StampWaitEnd(const LlDeviceContext& c, uint32_t seq) {
+  if (c.metrics != nullptr && blockIdx.x == 0 && threadIdx.x == 0) StampSlot(c, seq).wait_end = NowNs();
+}
+
+/// The CTA's receive work is done (all threads, after it): thread 0 contributes the receive end.
+__device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t seq) {
+  if (c.metrics == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) StampMax(&StampSlot(c, seq).recv_end);
+}
+
+/// Send phase entered (CTA 0, thread 0): the slot now belongs to call `seq`.
+__device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op, uint32_t seq) {
+  if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  OpStamps& st = StampSlot(c, seq);
+  st.seq = seq;
+  st.op = static_cast<uint32_t>(op);
+  st.send_start = NowNs();
+  st.state = kStampSent;
+}
+
+/// Receive phase entered (CTA 0, thread 0). A slot that does not hold this call's send stamps (only possible if
+/// more calls were in flight than the ring covers, which the host refuses) is left alone: no latency is invented.
+__device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq) {
+  if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  OpStamps& st = StampSlot(c, seq);
+  if (st.seq != seq || st.state != kStampSent) return;
+  st.recv_start = NowNs();
+  st.state = kStampReceiving;
+}
+
+/// Waits for `p` to carry call `seq`; returns its value, or -1 after recording a timeout / overrun (or when
+/// another CTA already aborted). `waited` receives the time spent.
+__device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp op, int src, uint32_t seq,
+                              int64_t* waited) {
+  const uint64_t t0 = NowNs();
+  for (uint32_t spin = 0;; ++spin) {
+    const uint64_t w = protocol::LoadAcquireSys(p);
+    const uint32_t s = protocol::SignalSeq(w);
+    if (s == seq) {
+      *waited = static_cast<int64_t>(NowNs() - t0);
+      return protocol::SignalValue(w);
+    }
+    if (protocol::SignalIsNewer(s, seq)) {
+      RecordError(c, kGpuSequenceOverrun, op, src, seq, s);
+      return -1;
+    }
+    if ((spin & 255u) == 255u) {
+      if (Aborted(c)) return -1;
+      if (NowNs() - t0 > c.timeout_ns) {
+        RecordError(c, kGpuTimeout, op, src, seq, static_cast<int64_t>(c.timeout_ns));
+        return -1;
+      }
+    }
+  }
+}
+
+/// The receive phases' wait: the CTA's threads wait for every source's signal of call `seq`, store each value
+/// (0 on failure) in values[src], set *failed on a timeout, overrun or a value above max_value (recorded), and
+/// CTA 0 adds the waiting time to wait_stats[src] (ns). The caller synchronises the CTA before reading values.
+__device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
+                               int64_t* wait_stats, int* values, int* failed) {
+  // Metrics: the last CTA's last thread bins earlier operations' latencies meanwhile, and CTA 0 accounts the waits.
+  // The last CTA, because receive work starts at CTA 0 (tokens b, b + G, ...): with T < G it has none, so the
+  // binning's dependent loads delay nobody (CTA 0 doing it cost 1.1 us of combine receive at T=1 on 4xH200).
+  if (c.metrics != nullptr && blockIdx.x == gridDim.x - 1 && threadIdx.x == kThreads - 1) BinFinishedOps(c, seq);
+  for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
+    int64_t waited = 0;
+    int64_t v;
+    if (IsProxyPeer(c, src)) {
+      // A proxy source signals in host memory. CTA 0 alone polls it there and forwards the word to a device-memory
+      // mirror the other CTAs poll: every CTA polling host memory floods PCIe with reads and slows the whole path.
+      uint64_t* mirror =
+          c.proxy_signals + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + src;
+      if (blockIdx.x == 0) {
+        v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.proxy_region + c.layout.SignalOffset(half, op, src)), op,
+                       src, seq, &waited);
+        // This thread's acquire saw the proxy's release; its release here carries that to the other CTAs.
+        if (v >= 0) protocol::StoreReleaseSys(mirror, protocol::PackSignal(seq, static_cast<uint32_t>(v)));
+      } else {
+        v = WaitSignal(c, mirror, op, src, seq, &waited);
+      }
+    } else {
+      v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)), op, src, seq,
+                     &waited);
+    }
+    if (v > max_value) RecordError(c, kGpuBadMessage, op, src, seq, v);
+    const bool ok = v >= 0 && v <= max_value;
+    if (!ok) *failed = 1;
+    values[src] = ok ? static_cast<int>(v) : 0;
+    if (blockIdx.x == 0 && wait_stats != nullptr) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&wait_stats[src]), static_cast<unsigned long long>(waited));
+    }
+    if (blockIdx.x == 0 && c.metrics != nullptr) {
+      AddMetric(c, c.metrics_layout.recv_wait_ns(static_cast<int>(op), src), static_cast<uint64_t>(waited));
+    }
+  }
+}
+
+// Completion of an operation towards one destination: a 64-bit counter per (half, op, dst) (LlDeviceContext::done)
+// gets one fire-and-forget add per message, each after its sender's system-scope fence; the CTA that knows the
+// message count n polls the counter until it reads n, resets it for the next call on this half (stream-ordered
+// after this launch) and publishes the signal word with a release store. Measured against "the add that completes
+// the count publishes" (adds that return a value): equal at T=128, 2.7 us faster at T=1 (senders never wait).
+__device__ __forceinline__ void AddDone(const LlDeviceContext& c, LlOp op, int half, int dst) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(
+                c.done + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + dst),
+            1ull);
+}
+
+__device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int dst, uint32_t n, uint32_t seq) {
+  uint64_t* ctr = c.done + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + dst;
+  const uint64_t t0 = NowNs();
+  for (uint32_t spin = 0;; ++spin) {
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
+    if (v == n) break;
+    if ((spin & 255u) == 255u && (Aborted(c) || NowNs() - t0 > c.timeout_ns)) {
+      RecordError(c, kGpuTimeout, op, c.rank, seq, -1);  // local: a CTA of this launch never finished
+      return;
+    }
+  }
+  *ctr = 0;
+  uint8_t* const peer = c.peers[dst];
+  if (peer != nullptr) {
+    protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(peer + c.layout.SignalOffset(half, op, c.rank)),
+                              protocol::PackSignal(seq, n));
+  } else {
+    // Proxy peer: every message's write command is in the ring (each CTA pushed before its completion add). The
+    // dispatch route block (counts by this CTA, headers by all, fenced before their adds) goes last, then the signal.
+    const protocol::LlLayout& L = c.layout;
+    if (op == LlOp::kDispatch) {
+      PushCmd(c, dst,
+              protocol::MakeWriteCmd(op, half, dst, L.RouteSendOffset(half, dst), L.RouteRecvOffset(half, c.rank),
+                                     protocol::RouteBlockUsedBytes(L.shape, static_cast<int>(n))),
+              op, seq);
+    }
+    PushCmd(c, dst, protocol::MakeSignalCmd(op, half, dst, protocol::PackSignal(seq, n)), op, seq);
+  }
+  if (c.metrics != nullptr) StampMax(&StampSlot(c, seq).send_end);
+  TraceThis(c, op, kTracePublished);
+}
+
+}  // namespace
+}  // namespace llep::kernels::cuda

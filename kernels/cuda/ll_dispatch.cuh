@@ -1,0 +1,362 @@
+// The dispatch phases: DispatchSend (route counts, token plans, encoded payload stores, completion, signals) and
+// DispatchRecv (signals, packed layout, payload fan-out to rows, scales).
+// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
+// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+#pragma once
+
+#include "kernels/cuda/ll_routing.cuh"
+#include "runtime/protocol/dispatch_msg.h"
+
+namespace llep::kernels::cuda {
+namespace {
+
+// ------------------------------------------------------------------------------------------ dispatch
+
+// Destinations one CTA counts and signals: ceil(R / G); the host launches enough CTAs to stay within it.
+constexpr int kMaxDstPerCta = kMaxDestinationsPerCta;
+
+struct DispatchSendShared {
+  TokenPlan plan[kWarps];
+  int tokens_to_dst[kMaxDstPerCta];
+};
+
+// Dispatch send's shared memory: DispatchSendShared, counts[E_loc], then PlanRound's scratch.
+__host__ __device__ int64_t DispatchScratchOffset(const protocol::LlShape& s) {
+  return protocol::AlignUp(static_cast<int64_t>(sizeof(DispatchSendShared)) + int64_t{4} * s.num_local_experts(), 16);
+}
+
+/// One lane's part of a dispatch payload chunk: 16 channels from c0 as bf16 (a, b) and, in FP8 mode, encoded
+/// (code, the group's scale_inv).
+struct ChunkPayload {
+  uint4 a{}, b{}, code{};
+  float scale_inv = 0.0f;
+  int c0 = 0;
+};
+
+/// Loads the lane's channels of chunk ch of token t (no encoding, so the loads can be issued early).
+__device__ __forceinline__ ChunkPayload LoadChunk(const DispatchParams& p, int t, int ch) {
+  const int H = p.ctx.layout.shape.hidden;
+  ChunkPayload cp;
+  cp.c0 = ch * kChunk + (threadIdx.x % 32) * 16;
+  if (cp.c0 < H) {
+    const uint16_t* xr = p.x + static_cast<int64_t>(t) * H;
+    cp.a = Ld16(xr + cp.c0);
+    cp.b = Ld16(xr + cp.c0 + 8);
+  }
+  return cp;
+}
+
+/// FP8 mode: encodes a loaded chunk (whole warp).
+__device__ __forceinline__ void EncodeChunk(const DispatchParams& p, ChunkPayload& cp) {
+  if (p.mode.use_fp8) cp.code = EncodeFp8x16(cp.a, cp.b, p.mode.round_scale, &cp.scale_inv);
+}
+
+__device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* smem) {
+  const LlDeviceContext& c = p.ctx;
+  const protocol::LlLayout& L = c.layout;
+  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int K = p.num_topk, half = protocol::HalfOfSeq(seq);
+  const bool fp8 = p.mode.use_fp8;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
+  auto* sh = reinterpret_cast<DispatchSendShared*>(smem);
+  int* counts = reinterpret_cast<int*>(smem + sizeof(DispatchSendShared));
+  auto* scratch = reinterpret_cast<PlanScratch*>(smem + DispatchScratchOffset(L.shape));
+  const int num_chunks = (H + kChunk - 1) / kChunk;
+  Trace(c, LlOp::kDispatch, kTraceSendStart);
+  uint8_t* const lane_peer = LanePeer(c);
+
+  // Route-block counts first, one destination per CTA counted from the last CTA (with T < G those CTAs have no
+  // tokens, so counting overlaps the token work instead of following it).
+  int k_dst = 0;
+  for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
+    for (int i = tid; i < E_loc; i += kThreads) counts[i] = 0;
+    if (tid == 0) sh->tokens_to_dst[k_dst] = 0;
+    __syncthreads();
+    for (int t0 = 0; t0 < p.num_tokens; t0 += kThreads) {  // a thread per token: one round of loads
+      const int t = t0 + tid;
+      bool hit_any = false;
+      if (t < p.num_tokens) {
+        WithTokenIds(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const auto& ids) {
+#pragma unroll
+          for (int k = 0; k < Len(ids); ++k) {
+            const bool hit = ids[k] >= 0 && ids[k] / E_loc == d;
+            if (hit) atomicAdd(&counts[ids[k] % E_loc], 1);
+            hit_any |= hit;
+          }
+        });
+      }
+      const int tokens = __popc(__ballot_sync(kFull, hit_any));
+      if (lane == 0 && tokens > 0) atomicAdd(&sh->tokens_to_dst[k_dst], tokens);
+    }
+    __syncthreads();
+    uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
+    auto* remote_counts = reinterpret_cast<uint32_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
+                                                                        : c.proxy_region + L.RouteSendOffset(half, d));
+    for (int i = tid; i < E_loc; i += kThreads) remote_counts[i] = static_cast<uint32_t>(counts[i]);
+    if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
+      for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
+        const unsigned v = __reduce_add_sync(kFull, i0 + lane < E_loc ? static_cast<unsigned>(counts[i0 + lane]) : 0u);
+        if (lane == 0 && v != 0) AddMetric(c, c.metrics_layout.sent_selections(d), v);
+      }
+    }
+    __syncthreads();
+    if (tid == 0) FenceSys();  // the counts are ordered before d's signal, which this thread publishes
+  }
+  if (k_dst > 0) Trace(c, LlOp::kDispatch, kTraceCounted);
+
+  // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them.
+  const int my_tokens = p.num_tokens > static_cast<int>(blockIdx.x) ? (p.num_tokens - blockIdx.x + G - 1) / G : 0;
+  for (int round = 0; round < my_tokens; round += kWarps) {
+    const int n = min(kWarps, my_tokens - round);
+    // Items: (token, chunk) payload pieces plus one header item per token. A warp's first item of the round is
+    // loaded before the plan (it does not depend on it), so the x loads are in flight with the routing loads.
+    const auto item_token = [&](int item) { return blockIdx.x + (round + item / (num_chunks + 1)) * G; };
+    const bool first_is_payload = warp < n * (num_chunks + 1) && warp % (num_chunks + 1) < num_chunks;
+    const ChunkPayload first =
+        first_is_payload ? LoadChunk(p, item_token(warp), warp % (num_chunks + 1)) : ChunkPayload{};
+    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kDispatch, seq, scratch, sh->plan);
+    __syncthreads();
+    if (round == 0) Trace(c, LlOp::kDispatch, kTracePlanned);
+    for (int item = warp; item < n * (num_chunks + 1); item += kWarps) {
+      const int tw = item / (num_chunks + 1), ch = item % (num_chunks + 1);
+      const TokenPlan& pl = sh->plan[tw];
+      const int t = item_token(item);
+      if (ch < num_chunks) {
+        ChunkPayload cp = item == warp ? first : LoadChunk(p, t, ch);
+        EncodeChunk(p, cp);
+        if (item == 0 && round == 0) Trace(c, LlOp::kDispatch, kTraceEncoded);
+        const int c0 = cp.c0;
+        const bool active = c0 < H;
+        const auto store = [&](uint8_t* dstp) {
+          if (fp8) {
+            St16(dstp + c0, cp.code);
+            if (lane % 8 == 0) reinterpret_cast<float*>(dstp + protocol::Fp8ScalesOffset(H))[c0 / 128] = cp.scale_inv;
+          } else {
+            St16(dstp + int64_t{c0} * 2, cp.a);
+            St16(dstp + int64_t{c0} * 2 + 16, cp.b);
+          }
+        };
+        bool to_proxy = false;
+        for (unsigned m = pl.opens; m != 0; m &= m - 1) {
+          const int k = __ffs(m) - 1, d = pl.dst[k];
+          uint8_t* const base = PeerBase(c, lane_peer, d);
+          to_proxy |= base == nullptr;
+          if (base == nullptr || !active) continue;
+          store(base + L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8));
+        }
+        // Proxy destinations share one staged copy of the payload; each gets its own write command after the round.
+        if (to_proxy && active) store(c.proxy_region + L.DispatchPayloadOffset(half, t, fp8));
+      } else {
+        // Header per destination: lane i writes bytes [16i, 16i + 16) of the 80-byte header.
+        for (unsigned m = pl.opens; m != 0; m &= m - 1) {
+          const int k = __ffs(m) - 1, d = pl.dst[k];
+          uint8_t* const base = PeerBase(c, lane_peer, d);
+          if (lane >= 5) continue;
+          // Word 4 + i is the token's i-th selection on rank d, in top-k order (registers only: no local array).
+          uint32_t words[4] = {0, 0, 0, 0};
+          int num_sel = 0;
+          for (int j = 0; j < K; ++j) {
+            if (pl.dst[j] != d) continue;
+            const int wd = 4 + num_sel++;
+            const uint32_t v = protocol::PackSelection(pl.id[j] - d * E_loc, pl.row[j]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) words[i] = wd == lane * 4 + i ? v : words[i];
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int wd = lane * 4 + i;
+            if (wd == 0) words[i] = static_cast<uint32_t>(t);
+            if (wd == 1) words[i] = static_cast<uint32_t>(num_sel) | (protocol::kDispatchMsgVersion << 16);
+            if (wd == 2) words[i] = seq;
+            if (wd == 3) words[i] = fp8 ? protocol::kMsgFlagFp8 : 0u;
+          }
+          uint8_t* hdr = base != nullptr ? base + L.RouteHeaderOffset(L.RouteRecvOffset(half, c.rank), pl.slot[k])
+                                         : c.proxy_region + L.RouteHeaderOffset(L.RouteSendOffset(half, d), pl.slot[k]);
+          St16(hdr + lane * 16, make_uint4(words[0], words[1], words[2], words[3]));
+        }
+      }
+    }
+    __syncthreads();
+    Trace(c, LlOp::kDispatch, kTraceStored);
+    if (warp == 0) {
+      // Lane i < n owns the round's token i (n <= kWarps <= 32). One increment per (token, destination) message,
+      // after a system fence that follows the CTA barrier (it also orders the staged payloads before their commands).
+      const bool mine = lane < n;
+      if (mine) FenceSys();
+      if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
+      const TokenPlan& pl = sh->plan[mine ? lane : 0];
+      const int t = blockIdx.x + (round + lane) * G;
+      const unsigned opens = mine ? pl.opens : 0u;
+      if (c.proxy_region != nullptr) {
+        for (int k = 0; k < K; ++k) {  // warp-uniform: the k-th selection of every lane's token
+          const int d = ((opens >> k) & 1u) ? pl.dst[k] : -1;
+          const bool push = d >= 0 && IsProxyPeer(c, d);
+          const protocol::FifoCmd cmd =
+              push ? protocol::MakeWriteCmd(LlOp::kDispatch, half, d, L.DispatchPayloadOffset(half, t, fp8),
+                                            L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8),
+                                            protocol::DispatchPayloadStride(H, fp8))
+                   : protocol::FifoCmd{};
+          PushCmdWarp(c, d, cmd, push, LlOp::kDispatch, seq);
+        }
+      }
+      for (unsigned m = opens; m != 0; m &= m - 1) AddDone(c, LlOp::kDispatch, half, pl.dst[__ffs(m) - 1]);
+    }
+    __syncthreads();
+    Trace(c, LlOp::kDispatch, kTraceCounterDone);
+  }
+  k_dst = 0;
+  for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
+    if (tid == 0) PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
+  }
+}
+
+/// The lane's 4 scale_inv values of the 128-scale pass from g0: fp32 output order (g0 + 32 i + lane) or, for packed
+/// UE8M0, the 4 groups of packed word g0 / 4 + lane (g0 + 4 lane + i). Missing groups read as 0.
+__device__ __forceinline__ void LoadScalePass(const float* scales, int num_scales, int g0, bool ue8m0, float (&sc)[4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int g = ue8m0 ? g0 + 4 * lane + i : g0 + 32 * i + lane;
+    sc[i] = g < num_scales ? scales[g] : 0.0f;
+  }
+}
+
+__device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* smem) {
+  const LlDeviceContext& c = p.ctx;
+  const protocol::LlLayout& L = c.layout;
+  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
+  const int64_t rows = L.shape.max_recv_rows();
+  const int half = protocol::HalfOfSeq(seq), num_scales = L.shape.num_scales();
+  const int num_packed = L.shape.num_packed_ue8m0();
+  const bool fp8 = p.mode.use_fp8;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
+  // Shared: failed flag, warp sums, msg_start[R + 1], cnt[E] ([src][le]), begin[E] ([src][le]).
+  int* failed = reinterpret_cast<int*>(smem);
+  int* warp_sums = failed + 4;
+  int* msg_start = warp_sums + kWarps;
+  int* cnt = msg_start + R + 1;
+  int* begin = cnt + E;
+
+  Trace(c, LlOp::kDispatch, kTraceRecvStart);
+  if (tid == 0) *failed = 0;
+  __syncthreads();
+  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_stats, msg_start, failed);  // messages per source
+  __syncthreads();
+  Trace(c, LlOp::kDispatch, kTraceSignals);
+  StampWaitEnd(c, seq);
+  if (*failed) return;
+  for (int i = tid; i < E; i += kThreads) {
+    const int src = i / E_loc, le = i % E_loc;
+    const uint32_t v = reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];
+    if (v > static_cast<uint32_t>(T)) {
+      RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, -1);
+      *failed = 1;
+    }
+    cnt[i] = static_cast<int>(v);
+  }
+  __syncthreads();
+  if (*failed) return;
+  // Blocks of one local expert are ordered by source: begin[src][le] = sum over src' < src of cnt[src'][le].
+  for (int le = tid; le < E_loc; le += kThreads) {
+    int acc = 0;
+    for (int src = 0; src < R; ++src) {
+      const int v = cnt[src * E_loc + le];
+      begin[src * E_loc + le] = acc;
+      if (blockIdx.x == 0) p.layout_range[int64_t{le} * R + src] = static_cast<int64_t>(v) | (int64_t{acc} << 32);
+      acc += v;
+    }
+    if (blockIdx.x == 0) {
+      p.recv_count[le] = acc;
+      if (p.cumulative_stats != nullptr) atomicAdd(&p.cumulative_stats[le], acc);
+      if (c.metrics != nullptr) AddMetric(c, c.metrics_layout.expert_recv_tokens(le), static_cast<uint64_t>(acc));
+    }
+  }
+  if (tid == 0) msg_start[R] = 0;
+  __syncthreads();
+  const int total = BlockExclusiveScan(msg_start, R + 1, warp_sums);
+  Trace(c, LlOp::kDispatch, kTraceRecvPlanned);
+
+  const int64_t bytes = fp8 ? H : int64_t{2} * H;
+  for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
+    const int src = FindBlock(msg_start, R, m), j = m - msg_start[src];
+    const uint8_t* in = SrcBase(c, src);
+    const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
+    const uint8_t* payload = in + L.DispatchRecvOffset(half, src, j, fp8);
+    const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
+    // The header, the payload's first pass and the first scales are independent loads: all issued together.
+    const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
+    uint4 v[kCopyRegs];
+    LoadCopyPass(payload, bytes, 0, v);
+    float sc[4];
+    if (fp8) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
+    const int src_token = static_cast<int>(__shfl_sync(kFull, word, 0));
+    const uint32_t w1 = __shfl_sync(kFull, word, 1);
+    const int num_sel = static_cast<int>(w1 & 0xFFFF);
+    const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && __shfl_sync(kFull, word, 2) == seq &&
+                    ((__shfl_sync(kFull, word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 &&
+                    num_sel <= kK && src_token >= 0 && src_token < T;
+    if (!ok) {
+      if (lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, j);
+      continue;
+    }
+    // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
+    const uint32_t sel = __shfl_sync(kFull, word, (4 + lane) & 31);
+    int64_t my_row = -1, my_rr = 0;
+    int my_le = 0;
+    bool bad = false;
+    if (lane < num_sel) {
+      my_le = static_cast<int>(protocol::SelectionExpert(sel));
+      const int r = static_cast<int>(protocol::SelectionRow(sel));
+      bad = my_le >= E_loc || r >= cnt[src * E_loc + my_le];
+      if (!bad) {
+        my_rr = begin[src * E_loc + my_le] + r;  // row inside the local expert's packed block
+        my_row = int64_t{my_le} * rows + my_rr;
+        p.src_info[my_row] = src_token;
+      }
+    }
+    if (__any_sync(kFull, bad) && lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, j);
+    const unsigned targets = __ballot_sync(kFull, my_row >= 0);
+    // The payload goes through registers: loaded once per pass, stored to every selection's row.
+    for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
+      if (base > 0) LoadCopyPass(payload, bytes, base, v);
+      for (unsigned t = targets; t != 0; t &= t - 1) {
+        const int64_t row = __shfl_sync(kFull, my_row, __ffs(t) - 1);
+        StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes, bytes, base, v);
+      }
+    }
+    if (!fp8) continue;
+    // Scales, 128 per pass (4 per lane). fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte
+    // g % 4 of word (le, g / 4, row) is group g's exponent.
+    for (int g0 = 0; g0 < num_scales; g0 += 128) {
+      if (g0 > 0) LoadScalePass(scales, num_scales, g0, p.mode.use_ue8m0, sc);
+      uint32_t packed = 0;
+#pragma unroll
+      for (int b = 0; b < 4 && p.mode.use_ue8m0; ++b) packed |= uint32_t{Ue8m0FromScaleInv(sc[b])} << (8 * b);
+      for (unsigned t = targets; t != 0; t &= t - 1) {
+        const int i_sel = __ffs(t) - 1;
+        const int le = __shfl_sync(kFull, my_le, i_sel);
+        const int64_t rr = __shfl_sync(kFull, my_rr, i_sel);
+        if (p.mode.use_ue8m0) {
+          const int q = g0 / 4 + lane;
+          if (q < num_packed)
+            static_cast<uint32_t*>(p.recv_scales)[(int64_t{le} * num_packed + q) * rows + rr] = packed;
+        } else {
+          float* out = static_cast<float*>(p.recv_scales) + int64_t{le} * num_scales * rows + rr;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int g = g0 + i * 32 + lane;
+            if (g < num_scales) out[g * rows] = sc[i];
+          }
+        }
+      }
+    }
+  }
+  if (c.trace != nullptr) {
+    __syncthreads();
+    Trace(c, LlOp::kDispatch, kTraceRecvEnd);
+  }
+}
+
+}  // namespace
+}  // namespace llep::kernels::cuda

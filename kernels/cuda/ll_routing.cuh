@@ -1,0 +1,277 @@
+// Routing of the low-latency kernels: the topk validation rule, the deterministic per-round token plan (rows in
+// (expert, source) blocks, message slots per destination), block scans, and the FP8 encoder the dispatch uses.
+// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
+// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+#pragma once
+
+#include "kernels/codec/fp8.h"
+#include "kernels/cuda/ll_device_common.cuh"
+
+namespace llep::kernels::cuda {
+namespace {
+
+// ------------------------------------------------------------------------------------------ routing
+
+// The routing validation rule, applied by every phase so a bad row is treated identically everywhere and the
+// buffer stays consistent: a topk id outside [-1, E) and an id an earlier slot of the same token already selected
+// become -1 ("no expert") and are recorded. It has two forms over one pair of helpers: the warp form (a lane per
+// slot, for the token plan) and the thread form (a thread per token, for the histograms).
+
+/// Rule part 1: topk value v as an expert id, -1 (recorded) when outside [-1, E).
+__device__ __forceinline__ int InRangeId(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
+  const bool in_range = v >= -1 && v < c.layout.shape.num_experts;
+  if (!in_range) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
+  return in_range ? static_cast<int>(v) : -1;
+}
+
+/// Rule part 2: id, or -1 (recorded) when an earlier slot of the token selected it already (`repeated`).
+__device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, bool repeated, int64_t v, LlOp op,
+                                              uint32_t seq) {
+  if (repeated) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
+  return repeated ? -1 : id;
+}
+
+/// Warp form: topk_idx[t][lane] validated, lanes >= K get -1. One coalesced load per token; the repeat check runs
+/// on shuffles (trace on H200: the per-slot scalar loads it replaced cost 3.6 us per token plan; a thread-form load
+/// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1).
+__device__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op, uint32_t seq) {
+  const int lane = threadIdx.x % 32;
+  const int64_t v = lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1;
+  const int id = InRangeId(c, v, op, seq);
+  bool repeated = false;
+  for (int j = 0; j < K - 1; ++j) {
+    const int other = __shfl_sync(kFull, id, j);
+    repeated |= j < lane && id >= 0 && other == id;
+  }
+  return UnlessRepeated(c, id, repeated, v, op, seq);
+}
+
+/// Thread form: the calling thread loads token t's whole row at once (one round of independent loads instead of
+/// one dependent load per token of a warp loop) and gets its validated ids in ids[0, kMaxK), slots >= K set to -1.
+template <int kMaxK>
+__device__ __forceinline__ void LoadTokenIds(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
+                                             uint32_t seq, int (&ids)[kMaxK]) {
+  const int64_t* r = topk + static_cast<int64_t>(t) * K;
+  int64_t v[kMaxK];
+#pragma unroll
+  for (int k = 0; k < kMaxK; ++k) v[k] = k < K ? r[k] : -1;
+  int valid[kMaxK];
+#pragma unroll
+  for (int k = 0; k < kMaxK; ++k) {
+    valid[k] = InRangeId(c, v[k], op, seq);
+    bool repeated = false;
+#pragma unroll
+    for (int j = 0; j < k; ++j) repeated |= valid[k] >= 0 && valid[j] == valid[k];
+    ids[k] = UnlessRepeated(c, valid[k], repeated, v[k], op, seq);
+  }
+}
+
+template <int N>
+__device__ constexpr int Len(const int (&)[N]) {
+  return N;
+}
+
+/// Calls f(ids) with token t's validated ids (LoadTokenIds) in a register array of 8 entries when K <= 8 (the
+/// common top-8), else of kMaxTopK; f iterates k < Len(ids).
+template <typename F>
+__device__ __forceinline__ void WithTokenIds(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
+                                             uint32_t seq, F&& f) {
+  if (K <= 8) {
+    int ids[8];
+    LoadTokenIds<8>(c, topk, t, K, op, seq, ids);
+    f(ids);
+  } else {
+    int ids[kK];
+    LoadTokenIds<kK>(c, topk, t, K, op, seq, ids);
+    f(ids);
+  }
+}
+
+/// The plan of one token, written by one warp into shared memory.
+struct TokenPlan {
+  int id[kK];      ///< validated expert id per slot, -1 = skipped
+  int row[kK];     ///< row_in_block: earlier tokens that select the same expert
+  int slot[kK];    ///< message slot of this token on the slot's destination rank
+  int dst[kK];     ///< destination rank of the slot, -1 = skipped
+  uint32_t opens;  ///< bit k: slot k is the token's first on its rank, the slot that owns the (token, rank) message
+};
+
+// Route keys for PlanRound: rank << 16 | local expert (both fit: a rank and a local expert id are below 65536, and
+// E <= 2^20 keeps them from both being 65535), kNoKey for "no expert".
+constexpr uint32_t kNoKey = 0xFFFFFFFFu;
+
+__device__ __forceinline__ uint32_t RouteKey(int64_t id, int E, int E_loc) {
+  if (id < 0 || id >= E) return kNoKey;
+  const int g = static_cast<int>(id);
+  return static_cast<uint32_t>(g / E_loc) << 16 | static_cast<uint32_t>(g % E_loc);
+}
+
+/// PlanRound's shared memory: the keys of the round's tokens and their row / slot counters.
+struct PlanScratch {
+  uint32_t key[kWarps][kK];
+  int row[kWarps][kK];
+  int slot[kWarps][kK];
+};
+
+/// The plans of one round's tokens (route_plan.h definitions), a CTA-wide call: token w < n of the round is
+/// first_t + w * stride, its plan goes to out[w]. Row and slot count the earlier tokens t' < t that select the same
+/// expert / send to the same rank. Every thread takes one earlier token (one round of independent loads for up to
+/// 512 of them), compares it with each planned token, and the counts meet through warp reductions and shared
+/// atomics: the whole CTA works on the plan instead of one warp scanning serially. (H200 trace, T=128, 2 ranks:
+/// plan ready at 8.5 us with the serial scan, 6.3 us like this; a fully unrolled scan was far worse, ~30 us, as its
+/// straight-line code missed the instruction cache.)
+template <int kMaxK>
+__device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K, LlOp op,
+                          uint32_t seq, PlanScratch* sc, TokenPlan* out) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int E = c.layout.shape.num_experts, E_loc = c.layout.shape.num_local_experts();
+  const int t_last = first_t + (n - 1) * stride;  // the round's last token: earlier tokens are [0, t_last)
+  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
+    const int64_t* r = topk + static_cast<int64_t>(tp) * K;
+    int64_t v[kMaxK];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) v[j] = (tp < t_last && j < K) ? r[j] : -1;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) q[j] = RouteKey(v[j], E, E_loc);
+  };
+  uint32_t q[kMaxK];
+  load_row(tid, q);  // issued before the planned tokens' own loads: both are in flight together
+  if (warp < n) {
+    const int id = WarpTokenExpert(c, topk, first_t + warp * stride, K, op, seq);
+    if (lane < kK) {
+      sc->key[warp][lane] = RouteKey(id, E, E_loc);
+      sc->row[warp][lane] = 0;
+      sc->slot[warp][lane] = 0;
+      out[warp].id[lane] = id;
+    }
+  }
+  __syncthreads();
+  for (int base = 0; base < t_last; base += kThreads) {
+    const int tp = base + tid;
+    if (base > 0) load_row(tp, q);
+    for (int w = 0; w < n; ++w) {
+      const bool earlier = tp < first_t + w * stride;
+#pragma unroll
+      for (int k = 0; k < kMaxK; ++k) {
+        const uint32_t key = sc->key[w][k];
+        bool same_expert = false, same_rank = false;
+#pragma unroll
+        for (int j = 0; j < kMaxK; ++j) {
+          same_expert |= q[j] == key;
+          same_rank |= q[j] != kNoKey && (q[j] >> 16) == (key >> 16);
+        }
+        const int r = __reduce_add_sync(kFull, earlier && same_expert && key != kNoKey ? 1 : 0);
+        const int s = __reduce_add_sync(kFull, earlier && same_rank ? 1 : 0);
+        if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
+        if (lane == 0 && s != 0) atomicAdd(&sc->slot[w][k], s);
+      }
+    }
+  }
+  __syncthreads();
+  if (warp < n) {
+    const uint32_t key = lane < kK ? sc->key[warp][lane] : kNoKey;
+    const int dst = key == kNoKey ? -1 : static_cast<int>(key >> 16);
+    const unsigned same_rank = __match_any_sync(kFull, dst);
+    const unsigned opens = __ballot_sync(kFull, dst >= 0 && __ffs(same_rank) - 1 == lane);
+    if (lane < kK) {
+      out[warp].row[lane] = sc->row[warp][lane];
+      out[warp].slot[lane] = sc->slot[warp][lane];
+      out[warp].dst[lane] = dst;
+    }
+    if (lane == 0) out[warp].opens = opens;
+  }
+}
+
+/// PlanRound with registers for top-8 when K <= 8, else for kMaxTopK. Every thread of the CTA calls it; the plans
+/// are visible to the CTA after the caller's next barrier.
+__device__ void PlanRoundAnyK(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K,
+                              LlOp op, uint32_t seq, PlanScratch* sc, TokenPlan* out) {
+  if (K <= 8) {
+    PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out);
+  } else {
+    PlanRound<kK>(c, topk, first_t, stride, n, K, op, seq, sc, out);
+  }
+}
+
+/// In-place exclusive prefix sum of a[0..n) in shared memory by the whole CTA; returns the total.
+__device__ int BlockExclusiveScan(int* a, int n, int* warp_sums) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int per = (n + kThreads - 1) / kThreads;
+  const int lo = min(n, tid * per), hi = min(n, lo + per);
+  int s = 0;
+  for (int i = lo; i < hi; ++i) s += a[i];
+  int x = s;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < kWarps ? warp_sums[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < kWarps) warp_sums[lane] = w;
+  }
+  __syncthreads();
+  int base = (warp > 0 ? warp_sums[warp - 1] : 0) + x - s;
+  for (int i = lo; i < hi; ++i) {
+    const int v = a[i];
+    a[i] = base;
+    base += v;
+  }
+  const int total = warp_sums[kWarps - 1];
+  __syncthreads();
+  return total;
+}
+
+/// Last index q in [0, n) with starts[q] <= m (starts non-decreasing, starts[0] == 0): the non-empty block
+/// that holds flattened item m.
+__device__ __forceinline__ int FindBlock(const int* starts, int n, int m) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= m) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// ------------------------------------------------------------------------------------------ FP8
+
+/// Encodes 16 channels per lane (8 lanes per 128-channel group); returns the 16 e4m3 codes and the group's
+/// scale_inv. Arithmetic is kernels/codec/fp8.h's; the conversion is cvt.rn.satfinite (bit-equal to
+/// FloatToE4m3, checked by encode_payload_test).
+__device__ __forceinline__ uint4 EncodeFp8x16(const uint4& a, const uint4& b, bool round_scale, float* scale_inv) {
+  float v[16];
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[2 * i] = BitsToFloat(w[i] << 16);
+    v[2 * i + 1] = BitsToFloat(w[i] & 0xFFFF0000u);
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int m = 4; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, m));
+  const Fp8Scale s = ComputeFp8Scale(amax, round_scale);
+  *scale_inv = s.scale_inv;
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[4 * i] * s.scale, v[4 * i + 1] * s.scale), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(v[4 * i + 2] * s.scale, v[4 * i + 3] * s.scale), __NV_SATFINITE, __NV_E4M3);
+    out[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+}  // namespace
+}  // namespace llep::kernels::cuda
