@@ -40,9 +40,9 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
   // The backend interface both bindings share (call_from_addresses.h): the pending operation when split (the
   // hook's), else None (nothing to hold: the receive phase is queued in the same launch).
   py::object Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
-                      bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
-                      uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats,
-                      bool split, uintptr_t stream) {
+                      bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count, uintptr_t src_info,
+                      uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats, bool split,
+                      uintptr_t stream) {
     const DispatchCall c =
         DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
                                   recv_count, src_info, layout_range, cumulative_stats, wait_stats);
