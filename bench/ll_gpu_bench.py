@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
+from kernel_times import kernel_times
 
 H, E, K = 7168, 256, 8
 
@@ -71,21 +72,7 @@ def _time_gpu_bound(fn, iters, n_events):
 
 
 def _kernel_times(fn, iters):
-    """Median kineto durations (µs) of llep's kernels per launch kind, in launch order: {name: [per launch]}."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _gpu_ahead()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    out = {'dispatch': [], 'combine': []}
-    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
-    for e in evs:
-        for op in out:
-            if f'::{op}' in e.name:
-                out[op].append(e.time_range.elapsed_us())
-    return out
+    return kernel_times(fn, iters, _gpu_ahead)
 
 
 def _inputs(rank, T, dev):

@@ -74,21 +74,7 @@ def _gpu_ahead():
 
 
 def _kernel_times(fn, iters):
-    """Median-ready lists of kineto durations (µs) of the dispatch / combine kernels, in launch order."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _gpu_ahead()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    out = {'dispatch': [], 'combine': []}
-    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
-    for e in evs:
-        for op in out:
-            if f'::{op}' in e.name:
-                out[op].append(e.time_range.elapsed_us())
-    return out
+    return kernel_times(fn, iters, _gpu_ahead)
 
 
 def _eager_times(fn, iters):

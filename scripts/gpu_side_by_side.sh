@@ -5,7 +5,8 @@
 # before a change). Builds the three in parallel; with LLEP_SBS_TEST set (e.g. "--quick"), the working tree first
 # runs tests/gpu/gpu_vs_cpu.py with those arguments, with LLEP_GRAPH_TEST_ARGS the graph soak, and benchmarks only
 # if they pass. LLEP_SBS_ARGS go to the benchmark (e.g. "--tokens 1 8 --iters 100"). Everything lands under $OUT:
-# sbs_new.json / .png (llep and DeepEP), sbs_base.json (the baseline llep), logs.tgz (build, test and bench logs).
+# sbs_new.json / .png (llep and DeepEP), sbs_base.json (the baseline llep), logs.tgz (build, test and bench logs);
+# with LLEP_SBS_VARIANT_ENV (e.g. "LLEP_NUM_CTAS=32") also sbs_var.json: the working tree under that environment.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -64,5 +65,15 @@ if [ $base_ok = 1 ]; then
     --json "$OUTDIR/sbs_base.json" ${LLEP_SBS_ARGS:-} > "$LOGS/sbs_base.log" 2>&1 ||
     { echo "ll_side_by_side (base) failed"; tail -30 "$LOGS/sbs_base.log"; }
   python3 bench/compare_side_by_side.py "$OUTDIR/sbs_base.json" "$OUTDIR/sbs_new.json" | tee "$LOGS/compare.txt"
+fi
+if [ -n "${LLEP_SBS_VARIANT_ENV:-}" ]; then
+  # The working tree again with extra environment (e.g. "LLEP_NUM_CTAS=32"): sbs_var.json, compared with sbs_new.json.
+  read -ra extra <<< "$LLEP_SBS_VARIANT_ENV"
+  # shellcheck disable=SC2086
+  env "${extra[@]}" PYTHONPATH="$new_pkg" timeout "${LLEP_SBS_TIMEOUT:-300}" python3 bench/ll_side_by_side.py \
+    --systems llep --json "$OUTDIR/sbs_var.json" ${LLEP_SBS_ARGS:-} > "$LOGS/sbs_var.log" 2>&1 ||
+    { echo "ll_side_by_side (variant) failed"; tail -30 "$LOGS/sbs_var.log"; }
+  echo "== variant $LLEP_SBS_VARIANT_ENV: base = working tree, new = with the variant"
+  python3 bench/compare_side_by_side.py "$OUTDIR/sbs_new.json" "$OUTDIR/sbs_var.json" | tee "$LOGS/compare_var.txt"
 fi
 sed -n '/^llep vs DeepEP/,$p' "$LOGS/sbs_new.log"
