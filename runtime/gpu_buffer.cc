@@ -11,7 +11,6 @@ namespace llep {
 
 using gpu_buffer_internal::CudaStatus;
 using gpu_buffer_internal::TraceBytes;
-using kernels::cuda::GpuErrorInfo;
 using protocol::LlOp;
 
 namespace {
@@ -48,7 +47,7 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
     fatal_ = absl::Status(ps.code(), absl::StrCat("the proxy (", transport_name_, ") failed: ", ps.message()));
     return fatal_;
   }
-  volatile GpuErrorInfo* e = h_error_;
+  volatile kernels::cuda::GpuErrorInfo* e = h_error_;
   const uint32_t code = e->code;
   if (code == kernels::cuda::kGpuOk) {
     const absl::Status rearm = RearmErrorRecord(stream);

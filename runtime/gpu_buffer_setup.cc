@@ -22,7 +22,6 @@ namespace llep {
 using gpu_buffer_internal::CudaStatus;
 using gpu_buffer_internal::TraceBytes;
 using kernels::cuda::GpuErrorInfo;
-using protocol::LlOp;
 
 namespace {
 
