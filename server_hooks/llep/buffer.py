@@ -32,7 +32,7 @@ LLEP_METRICS_INTERVAL_S seconds (default 1).
 """
 import contextlib
 import os
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,23 @@ def _fast_ok(t: Any, dtype: torch.dtype, dev_index: int) -> bool:
     """The per-call tensor check: type, dtype, contiguity and device (-1 = CPU) in a few attribute reads; a failure
     goes to the detailed checks for the message."""
     return isinstance(t, torch.Tensor) and t.dtype is dtype and t.is_contiguous() and t.get_device() == dev_index
+
+
+def _fast_ok_optional(t: Any, dtype: torch.dtype, shape: Tuple[int, ...], dev_index: int) -> bool:
+    """_fast_ok with the shape, for the optional statistics tensors (None passes)."""
+    return t is None or (_fast_ok(t, dtype, dev_index) and t.shape == shape)
+
+
+class _DispatchOutputs(NamedTuple):
+    """Shapes, strides and dtypes of a dispatch's outputs for one layout and mode (Buffer._dispatch_outputs)."""
+    x_shape: Tuple[int, ...]
+    x_dtype: torch.dtype
+    scales_shape: Tuple[int, ...]
+    scales_stride: Tuple[int, ...]  # column-major in the last two dims (MN-major), as DeepGEMM's masked GEMM expects
+    scales_dtype: torch.dtype
+    count_shape: Tuple[int, ...]
+    src_info_shape: Tuple[int, ...]
+    layout_range_shape: Tuple[int, ...]
 
 
 def _check_tensor(name: str, t: Any, dtype: torch.dtype, shape: Tuple[Optional[int], ...],
@@ -194,7 +211,7 @@ class Buffer:
         self._destroyed = False
         self._device: Optional[torch.device] = None
         self._dev_index = -1  # CUDA device index of the backend, -1 for the CPU backend
-        self._out_specs: Dict[Tuple[bool, bool], Tuple] = {}  # dispatch output shapes per (use_fp8, use_ue8m0)
+        self._out_specs: Dict[Tuple[bool, bool], _DispatchOutputs] = {}  # per (use_fp8, use_ue8m0)
         self._combine_specs: Tuple = ()  # combine's expected x / src_info / layout_range shapes
         default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
         self.backend = os.environ.get('LLEP_BACKEND', default)
@@ -433,18 +450,20 @@ class Buffer:
             num_tokens, hidden = x.shape
             runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
             dev_index = self._dev_index
+            out = self._dispatch_outputs(use_fp8, use_ue8m0)
             if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
                     topk_idx.dim() == 2 and topk_idx.size(0) == num_tokens and
-                    cumulative_local_expert_recv_stats is None and dispatch_wait_recv_cost_stats is None):
+                    _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index) and
+                    _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
-            out = self._dispatch_outputs(use_fp8, use_ue8m0)
             # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4
             # µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md).
-            recv_x = x.new_empty(out[0], dtype=out[1])
-            scales = x.new_empty_strided(out[2], out[3], dtype=out[4]) if use_fp8 else None
-            recv_count = x.new_empty(out[5], dtype=torch.int32)
-            src_info = x.new_empty(out[6], dtype=torch.int32)
-            layout_range = x.new_empty(out[7], dtype=torch.int64)
+            recv_x = x.new_empty(out.x_shape, dtype=out.x_dtype)
+            scales = (x.new_empty_strided(out.scales_shape, out.scales_stride, dtype=out.scales_dtype) if use_fp8
+                      else None)
+            recv_count = x.new_empty(out.count_shape, dtype=torch.int32)
+            src_info = x.new_empty(out.src_info_shape, dtype=torch.int32)
+            layout_range = x.new_empty(out.layout_range_shape, dtype=torch.int64)
             op = runtime.dispatch(
                 x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
                 recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
@@ -454,16 +473,13 @@ class Buffer:
                 return_recv_hook, self._stream())
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
-                keep = (x, topk_idx, recv_x, scales, recv_count, src_info, layout_range,
-                        cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
-                if return_recv_hook:
-                    hook = _ReceiveHook(self, runtime, op, keep)
-                else:
-                    event = EventOverlap(self._completion_event(), keep)
+                event, hook = self._event_or_hook(runtime, op, return_recv_hook, (
+                    x, topk_idx, recv_x, scales, recv_count, src_info, layout_range,
+                    cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats))
             handle = (src_info, layout_range, int(num_max_dispatch_tokens_per_rank), hidden, int(num_experts))
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
-    def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> Tuple:
+    def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> _DispatchOutputs:
         """Shapes, strides and dtypes of a dispatch's outputs for this layout (computed once per mode)."""
         key = (use_fp8, use_ue8m0)
         spec = self._out_specs.get(key)
@@ -471,16 +487,15 @@ class Buffer:
             T, hidden, num_experts = self._shape
             R = self.group_size
             E_loc, rows = num_experts // R, R * T
-            # Scales are column-major in the last two dims (MN-major), as DeepGEMM's masked GEMM expects.
             groups, s_dtype = (hidden // 512, torch.int32) if use_ue8m0 else (hidden // 128, torch.float32)
-            spec = ((E_loc, rows, hidden), (_FP8 or torch.uint8) if use_fp8 else torch.bfloat16,
-                    (E_loc, rows, groups), (groups * rows, 1, rows), s_dtype, (E_loc,), (E_loc, rows), (E_loc, R))
+            spec = _DispatchOutputs((E_loc, rows, hidden), (_FP8 or torch.uint8) if use_fp8 else torch.bfloat16,
+                                    (E_loc, rows, groups), (groups * rows, 1, rows), s_dtype, (E_loc,), (E_loc, rows),
+                                    (E_loc, R))
             self._out_specs[key] = spec
         return spec
 
     def _explain_dispatch(self, x: Any, topk_idx: Any, cumulative: Any, wait: Any) -> None:
-        """The detailed checks of dispatch's tensors: raises the precise error (a fast check failed), or returns when
-        only the optional statistics tensors needed their checks and passed them."""
+        """The detailed checks of dispatch's tensors: raises the precise error (a fast check failed)."""
         dev = self._device
         T, _, num_experts = self._shape
         R = self.group_size
@@ -490,8 +505,7 @@ class Buffer:
             _check_tensor('cumulative_local_expert_recv_stats', cumulative, torch.int32, (num_experts // R,), dev)
         if wait is not None:
             _check_tensor('dispatch_wait_recv_cost_stats', wait, torch.int64, (R,), dev)
-        if cumulative is None and wait is None:
-            raise _invalid('dispatch arguments are inconsistent')
+        raise _invalid('dispatch arguments are inconsistent')
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                             handle: tuple, use_logfmt: bool = False, zero_copy: bool = False,
@@ -522,7 +536,7 @@ class Buffer:
                     _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2] and
                     (out is None or (_fast_ok(out, torch.bfloat16, dev_index) and out.dim() == 2 and
                                      out.size(0) == topk_idx.size(0) and out.size(1) == hidden)) and
-                    combine_wait_recv_cost_stats is None):
+                    _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
             num_tokens = topk_idx.size(0)
@@ -535,17 +549,14 @@ class Buffer:
                                  return_recv_hook, self._stream())
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
-                keep = (x, topk_idx, topk_weights, layout_range, out, combine_wait_recv_cost_stats)
-                if return_recv_hook:
-                    hook = _ReceiveHook(self, runtime, op, keep)
-                else:
-                    event = EventOverlap(self._completion_event(), keep)
+                event, hook = self._event_or_hook(runtime, op, return_recv_hook,
+                                                  (x, topk_idx, topk_weights, layout_range, out,
+                                                   combine_wait_recv_cost_stats))
             return out, event, hook
 
     def _explain_combine(self, x: Any, zero_copy: bool, topk_idx: Any, topk_weights: Any, src_info: Any,
                          layout_range: Any, out: Any, wait: Any) -> None:
-        """The detailed checks of combine's tensors: raises the precise error (a fast check failed), or returns when
-        only the optional statistics tensor needed its check and passed it."""
+        """The detailed checks of combine's tensors: raises the precise error (a fast check failed)."""
         dev = self._device
         R = self.group_size
         (E_loc, rows, hidden), _, _ = self._combine_specs
@@ -559,7 +570,6 @@ class Buffer:
             _check_tensor('out', out, torch.bfloat16, (topk_idx.size(0), hidden), dev)
         if wait is not None:
             _check_tensor('combine_wait_recv_cost_stats', wait, torch.int64, (R,), dev)
-            return
         raise _invalid('combine arguments are inconsistent')
 
     def _stream(self) -> int:
@@ -570,9 +580,13 @@ class Buffer:
             return _raw_stream(self._dev_index)
         return torch.cuda.current_stream(self._device).cuda_stream
 
-    def _completion_event(self) -> Any:
-        """What async_finish returns: a CUDA event recorded on the current stream, or a completed one (CPU)."""
-        return _TorchCudaEvent() if self._dev_index >= 0 else CompletedEvent()
+    def _event_or_hook(self, runtime: Any, op: Any, return_recv_hook: bool,
+                       keep: Tuple) -> Tuple[EventOverlap, Optional[Callable[[], None]]]:
+        """(event, hook) of a call with return_recv_hook (the hook holds `keep` until it ran) or async_finish (the
+        event holds it: a CUDA event on the current stream, or a completed one on the CPU backend)."""
+        if return_recv_hook:
+            return _NO_EVENT, _ReceiveHook(self, runtime, op, keep)
+        return EventOverlap(_TorchCudaEvent() if self._dev_index >= 0 else CompletedEvent(), keep), None
 
     def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
         """bf16 [num_local_experts, num_ranks * T, hidden] view of the staging the next combine reads with
