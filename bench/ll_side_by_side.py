@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kernel_times import kernel_times  # bench/kernel_times.py
+
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
 COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'cpu_d', 'cpu_c', 'cpu_d_dd',
