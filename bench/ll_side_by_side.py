@@ -314,7 +314,8 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
     ax.set_ylabel('dispatch + combine round trip (µs, median)')
     ax.set_title(f'{R} ranks, {gpu}' + (' (shared GPUs: not performance)' if shared else ''))
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     png = os.path.splitext(json_path)[0] + '.png'
     fig.savefig(png, dpi=110, bbox_inches='tight')
     print(f'wrote {json_path} and {png}')
