@@ -15,12 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "metrics/metric_names.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/protocol/imm.h"
 
 namespace llep::metrics {
 
 namespace {
 
-constexpr const char* kOpNames[] = {"dispatch", "combine"};
 constexpr const char* kPhaseNames[] = {"send", "recv_wait", "total"};
 static_assert(sizeof(kPhaseNames) / sizeof(kPhaseNames[0]) == protocol::kNumMetricPhases, "one name per phase");
 
@@ -111,14 +111,16 @@ absl::Status Exporter::Init() {
                     .Register(*registry_);
   bytes.Add({{"kind", "region"}}).Set(static_cast<double>(options_.buffer_bytes));
   for (int op = 0; op < 2; ++op) {
-    families_->ops[op] = &ops.Add({{"op", kOpNames[op]}});
-    families_->timeouts[op] = &timeouts.Add({{"op", kOpNames[op]}});
+    families_->ops[op] = &ops.Add({{"op", protocol::LlOpName(static_cast<protocol::LlOp>(op))}});
+    families_->timeouts[op] = &timeouts.Add({{"op", protocol::LlOpName(static_cast<protocol::LlOp>(op))}});
     for (int ph = 0; ph < protocol::kNumMetricPhases; ++ph) {
       families_->latency[op][ph] =
-          &latency.Add({{"op", kOpNames[op]}, {"phase", kPhaseNames[ph]}}, LatencyBoundariesSeconds());
+          &latency.Add({{"op", protocol::LlOpName(static_cast<protocol::LlOp>(op))}, {"phase", kPhaseNames[ph]}},
+                       LatencyBoundariesSeconds());
     }
     for (int src = 0; src < R; ++src) {
-      families_->recv_wait[op].push_back(&wait.Add({{"op", kOpNames[op]}, {"src_rank", std::to_string(src)}}));
+      families_->recv_wait[op].push_back(
+          &wait.Add({{"op", protocol::LlOpName(static_cast<protocol::LlOp>(op))}, {"src_rank", std::to_string(src)}}));
     }
   }
   for (int d = 0; d < R; ++d) families_->dispatch_tokens.push_back(&sent.Add({{"dst_rank", std::to_string(d)}}));

@@ -19,8 +19,6 @@ using protocol::LlOp;
 
 namespace {
 
-const char* OpName(LlOp op) { return op == LlOp::kDispatch ? "dispatch" : "combine"; }
-
 uint64_t NowNs() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -222,7 +220,7 @@ absl::Status CpuBuffer::WaitForSignals(PendingOp& op, std::vector<uint32_t>* val
         continue;
       }
       if (protocol::SignalIsNewer(s, op.seq_)) {
-        return absl::DataLossError(absl::StrCat(OpName(op.op_), " call ", op.seq_, ": rank ", src,
+        return absl::DataLossError(absl::StrCat(protocol::LlOpName(op.op_), " call ", op.seq_, ": rank ", src,
                                                 " already signalled call ", s,
                                                 " into the same half; more operations were in flight than allowed"));
       }
@@ -231,14 +229,14 @@ absl::Status CpuBuffer::WaitForSignals(PendingOp& op, std::vector<uint32_t>* val
     if (pending.empty()) break;
     // One flag read per spin; the Status (behind a mutex) only once the proxy failed.
     if (proxy_ != nullptr && proxy_->failed()) {
-      return base::Annotate(proxy_->status(), absl::StrCat(OpName(op.op_), " receive"));
+      return base::Annotate(proxy_->status(), absl::StrCat(protocol::LlOpName(op.op_), " receive"));
     }
     if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::sort(pending.begin(), pending.end());
       AddMetrics([&](std::vector<uint64_t>& m) { ++m[metrics_layout_.timeouts(static_cast<int>(op.op_))]; });
-      return absl::DeadlineExceededError(absl::StrCat(OpName(op.op_), " call ", op.seq_, " timed out after ",
-                                                      absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
-                                                      absl::StrJoin(pending, ", "),
+      return absl::DeadlineExceededError(absl::StrCat(protocol::LlOpName(op.op_), " call ", op.seq_,
+                                                      " timed out after ", absl::FormatDuration(options_.timeout),
+                                                      " waiting for rank(s) ", absl::StrJoin(pending, ", "),
                                                       " (peer dead, stalled, or calling a different sequence)"));
     }
     if (spins > 256) std::this_thread::sleep_for(std::chrono::microseconds(spins > 4096 ? 50 : 5));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/device_error_status.h"
 #include "runtime/gpu_buffer_internal.h"
 #include "runtime/validate.h"
 
@@ -13,11 +14,7 @@ using gpu_buffer_internal::CudaStatus;
 using gpu_buffer_internal::TraceBytes;
 using protocol::LlOp;
 
-namespace {
-
-const char* OpName(LlOp op) { return op == LlOp::kDispatch ? "dispatch" : "combine"; }
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status GpuBuffer::CheckErrors() {
   absl::MutexLock lock(&mu_);
@@ -47,76 +44,18 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
     fatal_ = absl::Status(ps.code(), absl::StrCat("the proxy (", transport_name_, ") failed: ", ps.message()));
     return fatal_;
   }
-  volatile kernels::cuda::GpuErrorInfo* e = h_error_;
+  volatile protocol::DeviceErrorRecord* e = h_error_;
   const uint32_t code = e->code;
-  if (code == kernels::cuda::kGpuOk) {
+  if (code == protocol::kDeviceOk) {
     const absl::Status rearm = RearmErrorRecord(stream);
     if (!rearm.ok()) fatal_ = rearm;
     return rearm;
   }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the kernel stored the fields before the code
-  const LlOp op = e->op == 0 ? LlOp::kDispatch : LlOp::kCombine;
-  const int peer = e->peer;
-  const uint32_t seq = e->seq;
-  const int64_t detail = e->detail;
-  const std::string where = absl::StrCat("GPU ", OpName(op), " call ", seq, ": ");
-  absl::Status s;
-  switch (code) {
-    case kernels::cuda::kGpuBadExpertId:
-      s = absl::InvalidArgumentError(
-          absl::StrCat(where, "topk_idx holds expert id ", detail, ", outside [-1, ", layout_.shape.num_experts,
-                       ") or repeated within one token; that selection was dropped (treated as -1)"));
-      break;
-    case kernels::cuda::kGpuBadLayoutRange:
-      s = absl::InvalidArgumentError(absl::StrCat(where, "the handle's layout_range is inconsistent (entry or total ",
-                                                  detail, ", home rank ", peer,
-                                                  "); those rows were not sent: pass the handle of the matching "
-                                                  "dispatch"));
-      break;
-    case kernels::cuda::kGpuTimeout:
-      s = absl::DeadlineExceededError(
-          absl::StrCat(where,
-                       peer == rank_ ? "this rank's own kernel did not finish its sends"
-                                     : absl::StrCat("rank ", peer, " did not signal"),
-                       " within ", absl::FormatDuration(options_.timeout),
-                       " (peer dead, stalled, or calling a different sequence of operations)"));
-      break;
-    case kernels::cuda::kGpuInFlight:
-      s = absl::FailedPreconditionError(absl::StrCat(
-          where, "its buffer half still held call ", detail,
-          ", whose receive (hook) had not run (nothing was sent): at most two low-latency operations may be in "
-          "flight per buffer (a captured graph that sends without receiving was replayed again before its receive "
-          "ran)"));
-      break;
-    case kernels::cuda::kGpuBadReceive:
-      s = absl::FailedPreconditionError(absl::StrCat(
-          "GPU ", OpName(op), " receive (hook, call tag ", detail,
-          "): its operation was not waiting for it (already received, or its send never ran): a graph holding "
-          "the receive was replayed without a new replay of the send"));
-      break;
-    case kernels::cuda::kGpuRegionBusy:
-      s = absl::FailedPreconditionError(absl::StrCat(
-          where, "it would overwrite, on its peers, the receive region of the previous ", OpName(op),
-          " in its buffer half before they are known to have received it (nothing was sent): between that "
-          "receive and this send, this rank must send and receive another operation, e.g. alternate dispatch and "
-          "combine (replayed graphs broke the rule; runtime/call_sequence.h)"));
-      break;
-    case kernels::cuda::kGpuProxyFailed:
-      s = absl::UnavailableError(absl::StrCat(where, "the proxy serving rank ", peer,
-                                              " stopped: ", proxy_ != nullptr ? proxy_->status().ToString() : ""));
-      break;
-    case kernels::cuda::kGpuSequenceOverrun:
-      s = absl::DataLossError(absl::StrCat(where, "rank ", peer, " already signalled call ", detail,
-                                           " into the same half: more operations were in flight than allowed"));
-      break;
-    default:
-      s = absl::DataLossError(absl::StrCat(where, "inconsistent data from rank ", peer, " (error code ", code,
-                                           ", detail ", detail,
-                                           "): ranks disagree on the call sequence, topk_idx "
-                                           "of dispatch and combine, or the buffer shape"));
-      break;
-  }
-  if (code == kernels::cuda::kGpuBadExpertId || code == kernels::cuda::kGpuBadLayoutRange) {
+  const protocol::DeviceErrorRecord record{code, e->op, e->peer, e->seq, e->detail};
+  const absl::Status s = DeviceErrorToStatus(record, {rank_, layout_.shape.num_experts, options_.timeout,
+                                                      proxy_ != nullptr ? proxy_->status().ToString() : ""});
+  if (protocol::DeviceErrorIsRecoverable(code)) {
     // Recoverable: the kernels kept the buffer consistent. Re-arm the record behind the work already queued, but not
     // into a graph being captured (every replay would re-arm it): then the next call outside a capture does it.
     e->code = 0;

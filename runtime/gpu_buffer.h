@@ -25,10 +25,10 @@
 // once this rank sent and received another operation since its last receive (so every peer finished reading it).
 // The host refuses a violating call in issue order (FailedPrecondition, as the CPU backend); the kernels check the
 // same rules before their first store on every launch, where the host cannot see replays, and record a fatal
-// kGpuInFlight / kGpuRegionBusy / kGpuBadReceive (a hook replayed without a new replay of its send). All launches
-// on one buffer must be ordered on one stream (or by events), as DeepEP requires. Results are written to the
-// caller's tensors, so they stay valid after the half is reused; only the zero-copy staging is shared (see
-// NextCombineBuffer).
+// kDeviceInFlight / kDeviceRegionBusy / kDeviceBadReceive (runtime/protocol/device_error.h; a hook replayed without a
+// new replay of its send). All launches on one buffer must be ordered on one stream (or by events), as DeepEP requires.
+// Results are written to the caller's tensors, so they stay valid after the half is reused; only the zero-copy staging
+// is shared (see NextCombineBuffer).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -160,8 +160,8 @@ class GpuBuffer {
   std::unique_ptr<proxy::Proxy> proxy_;
   std::string transport_name_;
   uint64_t* d_workspace_ = nullptr;                 // completion counters + flags (ll_kernels.h LlDeviceContext)
-  kernels::cuda::GpuErrorInfo* h_error_ = nullptr;  // mapped, pinned host memory
-  kernels::cuda::GpuErrorInfo* d_error_ = nullptr;  // its device alias
+  protocol::DeviceErrorRecord* h_error_ = nullptr;  // mapped, pinned host memory
+  protocol::DeviceErrorRecord* d_error_ = nullptr;  // its device alias
   uint64_t* d_trace_ = nullptr;                     // kernel timeline when options_.kernel_trace
   uint64_t* d_metrics_ = nullptr;                   // counter block when options_.metrics
   kernels::cuda::OpStamps* d_stamps_ = nullptr;     // latency stamps when options_.metrics

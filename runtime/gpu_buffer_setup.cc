@@ -21,7 +21,6 @@ namespace llep {
 
 using gpu_buffer_internal::CudaStatus;
 using gpu_buffer_internal::TraceBytes;
-using kernels::cuda::GpuErrorInfo;
 
 namespace {
 
@@ -133,11 +132,11 @@ absl::Status GpuBuffer::InitLocal() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, ws.bytes()));
   d_workspace_ = static_cast<uint64_t*>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(GpuErrorInfo), cudaHostAllocMapped));
-  h_error_ = static_cast<GpuErrorInfo*>(p);
-  std::memset(h_error_, 0, sizeof(GpuErrorInfo));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(protocol::DeviceErrorRecord), cudaHostAllocMapped));
+  h_error_ = static_cast<protocol::DeviceErrorRecord*>(p);
+  std::memset(h_error_, 0, sizeof(protocol::DeviceErrorRecord));
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
-  d_error_ = static_cast<GpuErrorInfo*>(p);
+  d_error_ = static_cast<protocol::DeviceErrorRecord*>(p);
   if (options_.metrics) {
     metrics_layout_ = protocol::ComputeMetricsLayout(R, shape.num_local_experts());
     const size_t bytes = static_cast<size_t>(metrics_layout_.num_bytes());

@@ -97,7 +97,7 @@ absl::Status ValidateLayoutRange(const LlShape& s, const int64_t* layout_range) 
   for (int le = 0; le < E_loc; ++le) {
     for (int r = 0; r < R; ++r) {
       const int64_t v = layout_range[static_cast<size_t>(le) * R + r];
-      const int64_t count = v & 0xFFFFFFFF, begin = v >> 32;
+      const int64_t count = protocol::LayoutRangeCount(v), begin = protocol::LayoutRangeBegin(v);
       if (count > s.max_tokens_per_rank || begin < 0 || begin + count > rows) {
         return absl::InvalidArgumentError(absl::StrCat("handle layout_range[", le, "][", r, "] = ", v,
                                                        " does not describe a block of this buffer's layout"));

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "runtime/protocol/ll_layout.h"
+
 namespace llep {
 namespace {
 
@@ -59,10 +61,10 @@ TEST(ValidateTest, CountsAndTopk) {
 TEST(ValidateTest, LayoutRange) {
   const LlShape s{4, 128, 8, 2};  // E_loc 4, rows 8
   std::vector<int64_t> lr(8, 0);
-  lr[0] = 2 | (int64_t{0} << 32);
-  lr[1] = 3 | (int64_t{2} << 32);
+  lr[0] = protocol::PackLayoutRange(2, 0);
+  lr[1] = protocol::PackLayoutRange(3, 2);
   EXPECT_TRUE(ValidateLayoutRange(s, lr.data()).ok());
-  lr[1] = 3 | (int64_t{6} << 32);  // 6 + 3 > 8 rows
+  lr[1] = protocol::PackLayoutRange(3, 6);  // 6 + 3 > 8 rows
   ExpectInvalid(ValidateLayoutRange(s, lr.data()), "does not describe a block");
   lr[1] = 5;  // count over T
   ExpectInvalid(ValidateLayoutRange(s, lr.data()), "does not describe a block");

@@ -33,9 +33,9 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
 
   for (int q = tid; q < E; q += kThreads) {
     const int64_t v = p.layout_range[q];
-    const int64_t n = v & 0xFFFFFFFF, b = v >> 32;
+    const int64_t n = protocol::LayoutRangeCount(v), b = protocol::LayoutRangeBegin(v);
     const bool ok = n <= T && b >= 0 && b + n <= rows;
-    if (!ok) RecordError(c, kGpuBadLayoutRange, LlOp::kCombine, q % R, seq, q);
+    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, q % R, seq, q);
     cnt[q] = ok ? static_cast<int>(n) : 0;
     beg[q] = ok ? static_cast<int>(b) : 0;
     pos[(q % R) * E_loc + q / R] = cnt[q];
@@ -45,7 +45,7 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
   for (int d = tid; d < R; d += kThreads) {
     const int n = (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc];
     const bool ok = n <= L.combine_rows_per_src;  // more rows than the home rank's receive area holds: send none
-    if (!ok) RecordError(c, kGpuBadLayoutRange, LlOp::kCombine, d, seq, n);
+    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, n);
     rows_to[d] = ok ? n : -1;
   }
   __syncthreads();
@@ -192,7 +192,7 @@ __device__ void CombineRecv(const CombineParams& p, uint32_t seq, uint8_t* smem)
       StampWaitEnd(c, seq);
       for (int d = tid; d < R; d += kThreads) {
         if (!*failed && routed[d] != got[d]) {
-          RecordError(c, kGpuBadMessage, LlOp::kCombine, d, seq, got[d]);
+          RecordError(c, protocol::kDeviceBadMessage, LlOp::kCombine, d, seq, got[d]);
           *failed = 1;
         }
       }

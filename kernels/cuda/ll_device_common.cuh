@@ -77,13 +77,13 @@ __device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int64_t bytes, int64
 // ------------------------------------------------------------------------------------------ errors
 
 __device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq, int64_t detail) {
-  const bool fatal = code != kGpuBadExpertId && code != kGpuBadLayoutRange;
+  const bool fatal = !protocol::DeviceErrorIsRecoverable(code);
   // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
-  if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == kGpuTimeout && c.metrics != nullptr) {
+  if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == protocol::kDeviceTimeout && c.metrics != nullptr) {
     atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op))), 1ull);
   }
   if (atomicCAS(&c.flags[0], 0u, 1u) != 0u) return;  // the first error keeps the record
-  volatile GpuErrorInfo* e = c.error;
+  volatile protocol::DeviceErrorRecord* e = c.error;
   e->op = static_cast<uint32_t>(op);
   e->peer = peer;
   e->seq = seq;
@@ -110,9 +110,10 @@ __device__ __forceinline__ const uint8_t* SrcBase(const LlDeviceContext& c, int 
 }
 
 /// Pushes a command for proxy peer `dst`; the caller fenced (system scope) the staged bytes it names. A push that
-/// finds the proxy stopped records kGpuProxyFailed and returns (the operation then times out on its peers).
+/// finds the proxy stopped records protocol::kDeviceProxyFailed and returns (the operation then times out on its
+/// peers).
 __device__ void PushCmd(const LlDeviceContext& c, int dst, const protocol::FifoCmd& cmd, LlOp op, uint32_t seq) {
-  if (!protocol::FifoPush(c.fifos[dst], cmd)) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
+  if (!protocol::FifoPush(c.fifos[dst], cmd)) RecordError(c, protocol::kDeviceProxyFailed, op, dst, seq, 0);
 }
 
 /// Warp-collective PushCmd (converged warp): every lane with `active` pushes `cmd` for proxy peer `dst`. Lanes whose
@@ -126,7 +127,8 @@ __device__ void PushCmdWarp(const LlDeviceContext& c, int dst, const protocol::F
     const unsigned long long group = __shfl_sync(kFull, ring, __ffs(pending) - 1);
     const bool mine = active && ring == group && ((pending >> (threadIdx.x % 32)) & 1u);
     const protocol::FifoRingHandle handle = mine ? *h : protocol::FifoRingHandle{};
-    if (!protocol::FifoPushWarp(handle, cmd, mine) && mine) RecordError(c, kGpuProxyFailed, op, dst, seq, 0);
+    if (!protocol::FifoPushWarp(handle, cmd, mine) && mine)
+      RecordError(c, protocol::kDeviceProxyFailed, op, dst, seq, 0);
     pending &= ~__ballot_sync(kFull, mine);
   }
 }
@@ -208,13 +210,13 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
       return protocol::SignalValue(w);
     }
     if (protocol::SignalIsNewer(s, seq)) {
-      RecordError(c, kGpuSequenceOverrun, op, src, seq, s);
+      RecordError(c, protocol::kDeviceSequenceOverrun, op, src, seq, s);
       return -1;
     }
     if ((spin & 255u) == 255u) {
       if (Aborted(c)) return -1;
       if (NowNs() - t0 > c.timeout_ns) {
-        RecordError(c, kGpuTimeout, op, src, seq, static_cast<int64_t>(c.timeout_ns));
+        RecordError(c, protocol::kDeviceTimeout, op, src, seq, static_cast<int64_t>(c.timeout_ns));
         return -1;
       }
     }
@@ -250,7 +252,7 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
       v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)), op, src, seq,
                      &waited);
     }
-    if (v > max_value) RecordError(c, kGpuBadMessage, op, src, seq, v);
+    if (v > max_value) RecordError(c, protocol::kDeviceBadMessage, op, src, seq, v);
     const bool ok = v >= 0 && v <= max_value;
     if (!ok) *failed = 1;
     values[src] = ok ? static_cast<int>(v) : 0;
@@ -282,7 +284,7 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
     if (v == n) break;
     if ((spin & 255u) == 255u && (Aborted(c) || NowNs() - t0 > c.timeout_ns)) {
-      RecordError(c, kGpuTimeout, op, c.rank, seq, -1);  // local: a CTA of this launch never finished
+      RecordError(c, protocol::kDeviceTimeout, op, c.rank, seq, -1);  // local: a CTA of this launch never finished
       return;
     }
   }

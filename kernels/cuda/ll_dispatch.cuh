@@ -250,7 +250,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
     const int src = i / E_loc, le = i % E_loc;
     const uint32_t v = reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];
     if (v > static_cast<uint32_t>(T)) {
-      RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, -1);
+      RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, -1);
       *failed = 1;
     }
     cnt[i] = static_cast<int>(v);
@@ -263,7 +263,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
     for (int src = 0; src < R; ++src) {
       const int v = cnt[src * E_loc + le];
       begin[src * E_loc + le] = acc;
-      if (blockIdx.x == 0) p.layout_range[int64_t{le} * R + src] = static_cast<int64_t>(v) | (int64_t{acc} << 32);
+      if (blockIdx.x == 0) p.layout_range[int64_t{le} * R + src] = protocol::PackLayoutRange(v, acc);
       acc += v;
     }
     if (blockIdx.x == 0) {
@@ -297,7 +297,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
                     ((__shfl_sync(kFull, word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 &&
                     num_sel <= kK && src_token >= 0 && src_token < T;
     if (!ok) {
-      if (lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, j);
+      if (lane == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
       continue;
     }
     // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
@@ -315,7 +315,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
         p.src_info[my_row] = src_token;
       }
     }
-    if (__any_sync(kFull, bad) && lane == 0) RecordError(c, kGpuBadMessage, LlOp::kDispatch, src, seq, j);
+    if (__any_sync(kFull, bad) && lane == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
     const unsigned targets = __ballot_sync(kFull, my_row >= 0);
     // The payload goes through registers: loaded once per pass, stored to every selection's row.
     for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {

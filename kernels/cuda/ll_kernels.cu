@@ -67,16 +67,16 @@ __device__ uint32_t TakeCallSeq(const LlDeviceContext& c, LlOp op, unsigned long
   const LlCallRecord& r = h == 0 ? r0 : r1;
   const uint32_t prev = static_cast<uint32_t>(r.sent[h]);
   const uint32_t sent_after = r.sent_after[static_cast<int>(op)][h];
-  uint32_t code = kGpuOk, detail = 0;
+  uint32_t code = protocol::kDeviceOk, detail = 0;
   if (prev != 0 && static_cast<uint32_t>(r.received[h] >> 32) != prev) {
-    code = kGpuInFlight;
+    code = protocol::kDeviceInFlight;
     detail = prev;
   } else if (sent_after != 0 && (r.newest_received == 0 || !AtOrAfter(r.newest_received, sent_after))) {
-    code = kGpuRegionBusy;
+    code = protocol::kDeviceRegionBusy;
     detail = sent_after;
   }
-  if (code != kGpuOk && blockIdx.x == 0) RecordError(c, code, op, -1, seq, detail);
-  return code == kGpuOk && !aborted ? seq : 0u;
+  if (code != protocol::kDeviceOk && blockIdx.x == 0) RecordError(c, code, op, -1, seq, detail);
+  return code == protocol::kDeviceOk && !aborted ? seq : 0u;
 }
 
 /// Send n is done (last CTA, thread 0, after its send phase): the record the next send reads, with this send in it
@@ -96,7 +96,8 @@ __device__ void TrackSend(const LlDeviceContext& c, LlOp op, int phase, uint32_t
 
 /// Thread 0 of every CTA of a receive-only launch: the sequence number of the sent, unreceived operation `tag` names
 /// (the older one if two do), marked received by this launch in the record the next send reads; 0 if none does
-/// (kGpuBadReceive recorded) or the buffer aborted. See LlCallState for why every CTA reaches the same answer.
+/// (protocol::kDeviceBadReceive recorded) or the buffer aborted. See LlCallState for why every CTA reaches the same
+/// answer.
 __device__ uint32_t TakeReceivedSeq(const LlDeviceContext& c, LlOp op, uint32_t tag) {
   LlCallState* s = c.calls;
   const LlCallRecord r0 = LoadRecord(&s->record[0]), r1 = LoadRecord(&s->record[1]);
@@ -119,7 +120,7 @@ __device__ uint32_t TakeReceivedSeq(const LlDeviceContext& c, LlOp op, uint32_t 
   }
   if (aborted) return 0;
   if (half < 0) {
-    if (blockIdx.x == 0) RecordError(c, kGpuBadReceive, op, -1, 0, tag);
+    if (blockIdx.x == 0) RecordError(c, protocol::kDeviceBadReceive, op, -1, 0, tag);
     return 0;
   }
   // Every CTA stores the same values (newest_received included: the maximum with seq either way).

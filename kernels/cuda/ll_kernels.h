@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "runtime/protocol/device_error.h"
 #include "runtime/protocol/fifo_ring.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/protocol/metrics_layout.h"
@@ -38,31 +39,6 @@ namespace llep::kernels::cuda {
 
 /// Which part of an operation a launch runs.
 enum LlPhase : int { kPhaseSend = 1, kPhaseRecv = 2, kPhaseBoth = 3 };
-
-/// Error codes the kernels record (GpuErrorInfo::code). 0 = no error.
-enum GpuErrorCode : uint32_t {
-  kGpuOk = 0,
-  kGpuBadExpertId = 1,      ///< topk_idx outside [-1, num_experts): detail = the id; treated as -1
-  kGpuBadLayoutRange = 2,   ///< combine handle's layout_range inconsistent: detail = the entry; rows skipped
-  kGpuTimeout = 3,          ///< a peer did not signal in time: peer = that rank
-  kGpuSequenceOverrun = 4,  ///< a signal from a later call arrived first: too many operations in flight
-  kGpuBadMessage = 5,       ///< a received header is inconsistent: peer = its source, detail = message index
-  kGpuInFlight = 6,         ///< a send found its half held by an unreceived operation: detail = that operation's seq
-  kGpuBadReceive = 7,       ///< a receive launch whose tag names no operation waiting for it: detail = the tag
-  kGpuRegionBusy = 8,       ///< a send into a region peers may still read (LlCallState): detail = its first safe seq
-  kGpuProxyFailed = 9,      ///< a FIFO push found the proxy stopped (its abort flag): peer = the destination
-};
-
-/// First error a kernel hit. Lives in mapped, pinned host memory. The right to write it is claimed with an
-/// atomicCAS on a device-memory word (LlDeviceContext::flags), the fields are written, and `code` is stored
-/// last, so the host never reads a code with the fields of another error.
-struct GpuErrorInfo {
-  uint32_t code;
-  uint32_t op;     ///< protocol::LlOp
-  int32_t peer;    ///< rank the error concerns, or -1
-  uint32_t seq;    ///< call sequence number
-  int64_t detail;  ///< code-specific value
-};
 
 /// Diagnostic timeline (LLEP_KERNEL_TRACE=1, off otherwise): thread 0 of every CTA stores the global timer (ns) at
 /// these points of each launch into trace[(op * num_ctas + cta) * kTracePoints + point], so the last launch of
@@ -120,11 +96,12 @@ inline constexpr int kStampSlots = 4;
 ///    made by its own launch does not hide the operation from a CTA, so all CTAs agree whatever order they run in.
 ///    A tag, unlike a slot number, cannot pair a receive with another graph's operation.
 ///  - The host's in-flight rules (runtime/call_sequence.h), applied again here because the host cannot see replays:
-///    a send needs the previous operation in its half received (kGpuInFlight), and the previous operation in its
-///    region (kind, half) received before some operation that was then sent and received (kGpuRegionBusy: peers
-///    may still read the region). Every CTA checks them before its first store, so a refused send writes nothing.
-///    A receive launch whose tag names no waiting operation records kGpuBadReceive and does nothing. All three are
-///    fatal (the buffer must be rebuilt) and every later launch on the buffer does nothing.
+///    a send needs the previous operation in its half received (protocol::kDeviceInFlight), and the previous operation
+///    in its region (kind, half) received before some operation that was then sent and received
+///    (protocol::kDeviceRegionBusy: peers may still read the region). Every CTA checks them before its first store, so
+///    a refused send writes nothing. A receive launch whose tag names no waiting operation records
+///    protocol::kDeviceBadReceive and does nothing. All three are fatal (the buffer must be rebuilt) and every later
+///    launch on the buffer does nothing.
 ///  - The rules' state is a record of the calls so far, copied on write: sends read record[n % 2] (n's half, since
 ///    DeviceCallSeq keeps n's parity) and the send's last CTA writes the updated record[(n + 1) % 2] after its send
 ///    phase, so no CTA of a launch reads what its own launch changed. Receive launches between send n and n + 1 mark
@@ -168,13 +145,13 @@ struct LlDeviceContext {
   /// device [2 halves][E]: rows staged per combine block (local expert, proxy destination); the warp that stages a
   /// block's last row sends the whole block as one write and resets the counter
   uint64_t* proxy_blocks = nullptr;
-  uint32_t* flags = nullptr;      ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
-  LlCallState* calls = nullptr;   ///< device: graph-safe sequence numbers and the in-flight rule
-  GpuErrorInfo* error = nullptr;  ///< device pointer to the mapped host error record
-  uint64_t timeout_ns = 0;        ///< receive wait limit per signal
-  uint64_t* trace = nullptr;      ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
-  uint64_t* metrics = nullptr;    ///< optional counter block (metrics_layout.h); null = metrics off
-  OpStamps* stamps = nullptr;     ///< [kStampSlots] latency stamps; set with metrics
+  uint32_t* flags = nullptr;     ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
+  LlCallState* calls = nullptr;  ///< device: graph-safe sequence numbers and the in-flight rule
+  protocol::DeviceErrorRecord* error = nullptr;  ///< device pointer to the mapped host error record
+  uint64_t timeout_ns = 0;                       ///< receive wait limit per signal
+  uint64_t* trace = nullptr;    ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
+  uint64_t* metrics = nullptr;  ///< optional counter block (metrics_layout.h); null = metrics off
+  OpStamps* stamps = nullptr;   ///< [kStampSlots] latency stamps; set with metrics
   protocol::MetricsLayout metrics_layout;
 };
 
@@ -190,7 +167,7 @@ struct DispatchParams {
   void* recv_scales = nullptr;          ///< fp32 [E_loc, H/128, R*T] or packed ue8m0 int32 [E_loc, H/512, R*T]
   int32_t* recv_count = nullptr;        ///< [E_loc]
   int32_t* src_info = nullptr;          ///< [E_loc, R*T]
-  int64_t* layout_range = nullptr;      ///< [E_loc, R]: count | begin << 32
+  int64_t* layout_range = nullptr;      ///< [E_loc, R]: protocol::PackLayoutRange words
   int32_t* cumulative_stats = nullptr;  ///< optional [E_loc], accumulated
   int64_t* wait_stats = nullptr;        ///< optional [R]: ns waited per source, accumulated
 };

@@ -1,7 +1,8 @@
 // Routing of the low-latency kernels: the topk validation rule, the deterministic per-round token plan (rows in
 // (expert, source) blocks, message slots per destination), block scans, and the FP8 encoder the dispatch uses.
-// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
-// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+// Part of the one translation unit kernels/cuda/ll_kernels.cu (included there, and by fp8_encoder_test.cu to test the
+// encoder itself; each part reopens the same private namespace): split by phase so a reader can hold each part; the
+// generated code is that of one file.
 #pragma once
 
 #include "kernels/codec/fp8.h"
@@ -20,14 +21,14 @@ namespace {
 /// Rule part 1: topk value v as an expert id, -1 (recorded) when outside [-1, E).
 __device__ __forceinline__ int InRangeId(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
   const bool in_range = v >= -1 && v < c.layout.shape.num_experts;
-  if (!in_range) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
+  if (!in_range) RecordError(c, protocol::kDeviceBadExpertId, op, -1, seq, v);
   return in_range ? static_cast<int>(v) : -1;
 }
 
 /// Rule part 2: id, or -1 (recorded) when an earlier slot of the token selected it already (`repeated`).
 __device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, bool repeated, int64_t v, LlOp op,
                                               uint32_t seq) {
-  if (repeated) RecordError(c, kGpuBadExpertId, op, -1, seq, v);
+  if (repeated) RecordError(c, protocol::kDeviceBadExpertId, op, -1, seq, v);
   return repeated ? -1 : id;
 }
 
@@ -246,7 +247,7 @@ __device__ __forceinline__ int FindBlock(const int* starts, int n, int m) {
 
 /// Encodes 16 channels per lane (8 lanes per 128-channel group); returns the 16 e4m3 codes and the group's
 /// scale_inv. Arithmetic is kernels/codec/fp8.h's; the conversion is cvt.rn.satfinite (bit-equal to
-/// FloatToE4m3, checked by encode_payload_test).
+/// FloatToE4m3; fp8_encoder_test.cu runs this function against the CPU encoder).
 __device__ __forceinline__ uint4 EncodeFp8x16(const uint4& a, const uint4& b, bool round_scale, float* scale_inv) {
   float v[16];
   const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};

@@ -296,7 +296,7 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
     for (int src = 0; src < R; ++src) {
       const uint32_t c = cnt[static_cast<size_t>(src) * E_loc + le];
       begin[static_cast<size_t>(src) * E_loc + le] = acc;
-      a.layout_range[static_cast<size_t>(le) * R + src] = static_cast<int64_t>(c) | (acc << 32);
+      a.layout_range[static_cast<size_t>(le) * R + src] = protocol::PackLayoutRange(c, acc);
       acc += c;
     }
     a.recv_count[le] = static_cast<int32_t>(acc);
@@ -367,7 +367,7 @@ bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
     int64_t pos = 0;
     for (int le = 0; le < E_loc; ++le) {
       const int64_t lr = a.layout_range[static_cast<size_t>(le) * R + d];
-      const int64_t c = lr & 0xFFFFFFFF, b = lr >> 32;
+      const int64_t c = protocol::LayoutRangeCount(lr), b = protocol::LayoutRangeBegin(lr);
       if (c == 0) continue;
       for (int64_t i = 0; i < c; ++i) {
         const uint8_t* src_row = a.x != nullptr ? reinterpret_cast<const uint8_t*>(a.x + (le * rows + b + i) * H)

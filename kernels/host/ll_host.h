@@ -50,7 +50,7 @@ struct DispatchRecvArgs {
   void* recv_scales = nullptr;                ///< fp8: float [E_loc, H/128, R*T]; ue8m0: int32 [E_loc, H/512, R*T]
   int32_t* recv_count = nullptr;              ///< [E_loc]
   int32_t* src_info = nullptr;                ///< [E_loc, R*T]
-  int64_t* layout_range = nullptr;            ///< [E_loc, R]: count | begin << 32
+  int64_t* layout_range = nullptr;            ///< [E_loc, R]: protocol::PackLayoutRange words
   int32_t* cumulative_local_expert_recv_stats = nullptr;  ///< optional [E_loc], accumulated
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/codec/fp8.h"
+#include "runtime/protocol/ll_layout.h"
 
 namespace llep::kernels {
 namespace {
@@ -90,7 +91,8 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
     // Every valid row holds exactly the source token it names.
     for (int le = 0; le < E_loc; ++le) {
       for (int src = 0; src < s.num_ranks; ++src) {
-        const int64_t v = lr[me][le * s.num_ranks + src], c = v & 0xFFFFFFFF, b = v >> 32;
+        const int64_t v = lr[me][le * s.num_ranks + src];
+        const int64_t c = protocol::LayoutRangeCount(v), b = protocol::LayoutRangeBegin(v);
         int64_t prev = -1;
         for (int64_t row = b; row < b + c; ++row) {
           const int t = src_info[le * rows + row];

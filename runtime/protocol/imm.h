@@ -19,6 +19,8 @@ inline constexpr uint32_t kImmVersion = 1;
 enum class ImmKind : uint32_t { kInvalid = 0, kData = 1, kSignal = 2 };
 enum class LlOp : uint32_t { kDispatch = 0, kCombine = 1 };
 inline constexpr int kNumLlOps = 2;
+/// The operation's name in messages and metric labels.
+LLEP_HD constexpr const char* LlOpName(LlOp op) { return op == LlOp::kDispatch ? "dispatch" : "combine"; }
 inline constexpr int kNumHalves = 2;
 
 inline constexpr int kImmSrcBits = 16;

@@ -34,6 +34,17 @@ inline constexpr uint32_t kLlLayoutVersion = 1;
 // Region alignment: covers 128-byte TMA/bulk-copy alignment and keeps regions on separate cache lines.
 inline constexpr int64_t kRegionAlign = 256;
 
+/// The handle's layout_range word for (local expert, source rank), DeepEP's format: the number of rows that source
+/// sent the expert in the low 32 bits, the first of them (a row of the expert's [R*T] block) in the high 32 bits.
+/// Dispatch receive writes it; combine send reads it. The only place the packing is spelled out.
+LLEP_HD constexpr int64_t PackLayoutRange(int64_t count, int64_t begin) {
+  return static_cast<int64_t>(static_cast<uint64_t>(count) & 0xFFFFFFFFu) |
+         static_cast<int64_t>(static_cast<uint64_t>(begin) << 32);
+}
+LLEP_HD constexpr int64_t LayoutRangeCount(int64_t word) { return word & 0xFFFFFFFF; }
+/// Signed, so a corrupt word shows as a negative begin that validation rejects.
+LLEP_HD constexpr int64_t LayoutRangeBegin(int64_t word) { return word >> 32; }
+
 /// Rows a home rank can receive from one expert rank in one combine: T tokens times the selections a token can
 /// place on one rank (top-k, but never more than that rank's experts).
 LLEP_HD constexpr int64_t CombineRowsPerSource(const LlShape& s) {

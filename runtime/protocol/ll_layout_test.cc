@@ -123,5 +123,17 @@ TEST(LayoutTest, PayloadSizes) {
   EXPECT_EQ(CombineRowsPerSource(LlShape{128, 7168, 16, 4}), 128 * 4);
 }
 
+TEST(LayoutTest, LayoutRangeWordIsDeepEpsCountLowBeginHigh) {
+  const int64_t w = PackLayoutRange(5, 1024);
+  EXPECT_EQ(w, 5 + int64_t{1024} * 4294967296);  // count + begin * 2^32: the format DeepEP's handle carries
+  EXPECT_EQ(LayoutRangeCount(w), 5);
+  EXPECT_EQ(LayoutRangeBegin(w), 1024);
+  const int64_t big = PackLayoutRange(0xFFFFFFFF, 0x7FFFFFFF);
+  EXPECT_EQ(LayoutRangeCount(big), 0xFFFFFFFF);
+  EXPECT_EQ(LayoutRangeBegin(big), 0x7FFFFFFF);
+  EXPECT_LT(LayoutRangeBegin(int64_t{-1}), 0);  // a corrupt word reads as a negative begin, which callers reject
+  static_assert(LayoutRangeCount(PackLayoutRange(7, 9)) == 7 && LayoutRangeBegin(PackLayoutRange(7, 9)) == 9);
+}
+
 }  // namespace
 }  // namespace llep::protocol

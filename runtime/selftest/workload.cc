@@ -7,6 +7,7 @@
 #include "kernels/codec/fp8.h"
 #include "kernels/host/ll_host.h"
 #include "runtime/protocol/dispatch_msg.h"
+#include "runtime/protocol/ll_layout.h"
 
 namespace llep::selftest {
 namespace {
@@ -186,7 +187,7 @@ absl::Status CheckDispatch(const WorkloadConfig& cfg, int my_rank, uint64_t iter
         ++row;
       }
       const int64_t count = row - begin;
-      const int64_t want_range = count | (begin << 32);
+      const int64_t want_range = protocol::PackLayoutRange(count, begin);
       if (got.layout_range[static_cast<size_t>(le) * R + src] != want_range) {
         return absl::InternalError(absl::StrCat("rank ", my_rank, " iter ", iteration, " layout_range[", le, "][", src,
                                                 "] = ", got.layout_range[static_cast<size_t>(le) * R + src],

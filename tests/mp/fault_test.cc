@@ -12,6 +12,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/cpu_buffer.h"
 #include "runtime/local_job.h"
+#include "runtime/protocol/ll_layout.h"
 #include "runtime/selftest/workload.h"
 
 namespace llep {
@@ -161,7 +162,7 @@ TEST(FaultTest, BadCallsAreRejectedBeforeSending) {
   ASSERT_TRUE((*buf)->Receive(*std::move(d2)).ok());
   EXPECT_TRUE(selftest::CheckDispatch(cfg, 0, 0, r.d).ok());
   // A garbage handle is refused instead of steering writes out of bounds.
-  std::vector<int64_t> lr(cfg.shape.num_local_experts(), int64_t{3} | (int64_t{2} << 32));
+  std::vector<int64_t> lr(cfg.shape.num_local_experts(), protocol::PackLayoutRange(3, 2));
   std::vector<uint16_t> y(8 * 4 * 256), out(4 * 256);
   CombineCall c;
   c.x = y.data();

@@ -1,0 +1,76 @@
+// The record a GPU kernel leaves when it finds an error, and what each code means to the caller.
+// Layer: runtime/protocol. Written by the kernels (kernels/cuda/ll_device_common.cuh RecordError) into mapped,
+// pinned host memory; read by the host without synchronising (runtime/gpu_buffer.cc), which turns it into an
+// absl::Status with runtime/device_error_status.h. This header cannot name abseil (protocol rule), so the status
+// code of each error is given here as its canonical number (absl::StatusCode, google.rpc.Code use the same), and
+// the message, which needs the buffer's context, is written there.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/protocol/hd.h"
+
+namespace llep::protocol {
+
+/// Error codes the kernels record (DeviceErrorRecord::code). 0 = no error.
+enum DeviceErrorCode : uint32_t {
+  kDeviceOk = 0,
+  kDeviceBadExpertId = 1,      ///< topk_idx outside [-1, num_experts) or repeated: detail = the id; treated as -1
+  kDeviceBadLayoutRange = 2,   ///< combine handle's layout_range inconsistent: detail = the entry; rows skipped
+  kDeviceTimeout = 3,          ///< a peer did not signal in time: peer = that rank (own rank: a CTA never finished)
+  kDeviceSequenceOverrun = 4,  ///< a signal from a later call arrived first: detail = its seq
+  kDeviceBadMessage = 5,       ///< a received header is inconsistent: peer = its source, detail = message index
+  kDeviceInFlight = 6,         ///< a send found its half held by an unreceived operation: detail = that seq
+  kDeviceBadReceive = 7,       ///< a receive launch whose tag names no operation waiting for it: detail = the tag
+  kDeviceRegionBusy = 8,       ///< a send into a region peers may still read (LlCallState): detail = first safe seq
+  kDeviceProxyFailed = 9,      ///< a FIFO push found the proxy stopped (its abort flag): peer = the destination
+};
+inline constexpr uint32_t kNumDeviceErrorCodes = 10;
+
+/// First error a kernel hit. The right to write it is claimed with an atomicCAS on a device-memory word, the fields
+/// are written, and `code` is stored last, so the host never reads a code with the fields of another error.
+struct DeviceErrorRecord {
+  uint32_t code;   ///< DeviceErrorCode
+  uint32_t op;     ///< LlOp
+  int32_t peer;    ///< rank the error concerns, or -1
+  uint32_t seq;    ///< call sequence number
+  int64_t detail;  ///< code-specific value
+};
+
+/// Recoverable errors leave the buffer consistent (the kernels treated the bad entries as absent); every other code
+/// leaves the protocol state unknown: the operation is aborted and the host refuses further calls.
+LLEP_HD constexpr bool DeviceErrorIsRecoverable(uint32_t code) {
+  return code == kDeviceBadExpertId || code == kDeviceBadLayoutRange;
+}
+
+/// Canonical status codes (the numbering absl::StatusCode and google.rpc.Code share).
+enum class CanonicalCode : int {
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kFailedPrecondition = 9,
+  kUnavailable = 14,
+  kDataLoss = 15,
+};
+
+/// The status code the caller gets for a device error: bad input is InvalidArgument, a silent peer DeadlineExceeded,
+/// a broken call-order rule FailedPrecondition, a stopped proxy Unavailable, anything that means the ranks disagree
+/// (or an unknown code) DataLoss.
+LLEP_HD constexpr CanonicalCode DeviceErrorCanonicalCode(uint32_t code) {
+  switch (code) {
+    case kDeviceBadExpertId:
+    case kDeviceBadLayoutRange:
+      return CanonicalCode::kInvalidArgument;
+    case kDeviceTimeout:
+      return CanonicalCode::kDeadlineExceeded;
+    case kDeviceInFlight:
+    case kDeviceBadReceive:
+    case kDeviceRegionBusy:
+      return CanonicalCode::kFailedPrecondition;
+    case kDeviceProxyFailed:
+      return CanonicalCode::kUnavailable;
+    default:
+      return CanonicalCode::kDataLoss;
+  }
+}
+
+}  // namespace llep::protocol
