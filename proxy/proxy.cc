@@ -8,6 +8,7 @@
 #include "proxy/arrival_counter.h"
 #include "proxy/batch.h"
 #include "proxy/fifo_consumer.h"
+#include "runtime/base/log.h"
 #include "runtime/protocol/imm.h"
 #include "runtime/protocol/signal.h"
 
@@ -49,14 +50,21 @@ struct Proxy::Thread {
   std::vector<Completion> completions;
   std::thread thread;
   std::atomic<uint64_t> commands{0}, writes_posted{0}, bytes_posted{0}, immediates{0};
+  // Liveness for the watchdog: beats advance on every loop turn and every retry; a thread whose beats stand still
+  // for stall_timeout is stuck inside one transport call. `peer` is the destination of the last post (for the
+  // message), `exited` is set as Run returns.
+  std::atomic<uint64_t> beats{0};
+  std::atomic<int> peer{-1};
+  std::atomic<bool> wedged{false}, exited{false};
+  void Beat() { beats.store(beats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 };
 
 Proxy::Proxy(const protocol::LlLayout& layout, int rank, uint8_t* region, const ProxyOptions& options)
     : layout_(layout), rank_(rank), region_(region), options_(options) {}
 
-absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
-                                                     std::vector<std::unique_ptr<Transport>> transports,
-                                                     const ProxyOptions& options, std::vector<ExternalRing> rings) {
+absl::StatusOr<ProxyPtr> Proxy::Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
+                                       std::vector<std::unique_ptr<Transport>> transports, const ProxyOptions& options,
+                                       std::vector<ExternalRing> rings) {
   if (transports.empty()) return absl::InvalidArgumentError("a proxy needs at least one transport");
   if (!rings.empty() && rings.size() != transports.size()) {
     return absl::InvalidArgumentError(
@@ -73,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& l
     return absl::InvalidArgumentError(
         absl::StrCat("fifo_entries must be a power of two >= 2, got ", options.fifo_entries));
   }
-  std::unique_ptr<Proxy> p(new Proxy(layout, rank, region, options));
+  if (options.stall_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("stall_timeout must be > 0");
+  ProxyPtr p(new Proxy(layout, rank, region, options));
   const size_t keys = static_cast<size_t>(protocol::kNumLlOps) * protocol::kNumHalves * layout.shape.num_ranks;
   for (size_t i = 0; i < transports.size(); ++i) {
     auto t = std::make_unique<Thread>();
@@ -102,13 +111,74 @@ absl::StatusOr<std::unique_ptr<Proxy>> Proxy::Create(const protocol::LlLayout& l
     Thread* raw = t.get();
     t->thread = std::thread([p = p.get(), raw] { p->Run(raw); });
   }
+  p->watchdog_ = std::thread([p = p.get()] { p->Watch(); });
   return p;
 }
 
-Proxy::~Proxy() {
+void ProxyDeleter::operator()(Proxy* p) const {
+  if (p->Stop()) {
+    delete p;
+  } else {
+    LLEP_LOG(kError) << "proxy: a thread is wedged inside its transport; the proxy and its transports are leaked "
+                        "so that the thread never touches freed memory";
+  }
+}
+
+Proxy::~Proxy() { Stop(); }
+
+bool Proxy::Stop() {
+  if (stopped_ >= 0) return stopped_ == 1;
   stop_.store(true, std::memory_order_release);
-  for (auto& t : threads_) {
-    if (t->thread.joinable()) t->thread.join();
+  stop_watch_.Notify();
+  if (watchdog_.joinable()) watchdog_.join();
+  // A healthy thread sees stop_ within one loop turn; give each the stall timeout at most, none if the watchdog
+  // already found it wedged.
+  const absl::Time deadline = absl::Now() + options_.stall_timeout;
+  bool all = true;
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    Thread& t = *threads_[i];
+    while (!t.exited.load(std::memory_order_acquire) && !t.wedged.load(std::memory_order_relaxed) &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    if (t.exited.load(std::memory_order_acquire)) {
+      if (t.thread.joinable()) t.thread.join();
+      continue;
+    }
+    LLEP_LOG(kError) << "proxy thread " << i << " (" << t.transport->Name()
+                     << ") is stuck inside a transport call (last destination rank "
+                     << t.peer.load(std::memory_order_relaxed) << "); abandoning it";
+    if (t.thread.joinable()) t.thread.detach();
+    all = false;
+  }
+  stopped_ = all ? 1 : 0;
+  return all;
+}
+
+void Proxy::Watch() {
+  const absl::Duration period = std::min(options_.stall_timeout / 4, absl::Milliseconds(100));
+  struct Seen {
+    uint64_t beats;
+    absl::Time since;
+  };
+  std::vector<Seen> seen(threads_.size(), Seen{~uint64_t{0}, absl::Now()});
+  while (!stop_watch_.WaitForNotificationWithTimeout(period)) {
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < threads_.size(); ++i) {
+      Thread& t = *threads_[i];
+      const uint64_t beats = t.beats.load(std::memory_order_relaxed);
+      if (beats != seen[i].beats) {
+        seen[i] = {beats, now};
+        continue;
+      }
+      if (now - seen[i].since < options_.stall_timeout || t.wedged.load(std::memory_order_relaxed)) continue;
+      t.wedged.store(true, std::memory_order_relaxed);
+      Abort(absl::DeadlineExceededError(absl::StrCat(
+          "proxy thread ", i, " (", t.transport->Name(), ") has been inside one transport call for ",
+          absl::FormatDuration(now - seen[i].since), " (last destination rank ", t.peer.load(std::memory_order_relaxed),
+          "): the transport is wedged, typically by a peer process that died inside it (libfabric's shm provider "
+          "spins on a lock in the dead peer's shared memory); this buffer cannot be used again")));
+    }
   }
 }
 
@@ -142,6 +212,7 @@ ProxyStats Proxy::stats() const {
 void Proxy::Run(Thread* t) {
   int idle = 0;
   while (!stop_.load(std::memory_order_acquire)) {
+    t->Beat();
     bool did_work = false;
     absl::Status s = Sweep(t, &did_work);
     if (!s.ok()) {
@@ -157,6 +228,7 @@ void Proxy::Run(Thread* t) {
       std::this_thread::yield();
     }
   }
+  t->exited.store(true, std::memory_order_release);
 }
 
 absl::Status Proxy::Sweep(Thread* t, bool* did_work) {
@@ -218,6 +290,7 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
     }
     // kSignal: the outbox slot for (op, half, dst) is reused every other call; wait for its previous write.
     while (t->outbox_busy[key] != 0) {
+      t->Beat();
       bool ignored = false;
       auto s = Progress(t, &ignored);
       if (!s.ok()) return s;
@@ -239,6 +312,7 @@ absl::Status Proxy::PostBatch(Thread* t, int n) {
 template <typename PostFn>
 absl::Status Proxy::PostUntilAccepted(Thread* t, uint64_t bytes, const PostFn& post) {
   for (;;) {
+    t->Beat();
     auto posted = post();
     if (!posted.ok()) return posted.status();
     if (*posted) break;
@@ -255,11 +329,13 @@ absl::Status Proxy::PostUntilAccepted(Thread* t, uint64_t bytes, const PostFn& p
 
 absl::Status Proxy::Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
                          uint64_t cookie) {
+  t->peer.store(dst, std::memory_order_relaxed);
   return PostUntilAccepted(t, bytes,
                            [&] { return t->transport->PostWrite(dst, local_off, remote_off, bytes, imm, cookie); });
 }
 
 absl::Status Proxy::PostAtomic(Thread* t, int dst, uint64_t remote_off, uint64_t add) {
+  t->peer.store(dst, std::memory_order_relaxed);
   return PostUntilAccepted(t, 0, [&] { return t->transport->PostAtomicAdd(dst, remote_off, add, kDataCookie); });
 }
 

@@ -21,6 +21,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "proxy/transport.h"
 #include "runtime/protocol/fifo_ring.h"
 #include "runtime/protocol/ll_layout.h"
@@ -34,6 +36,11 @@ struct ProxyOptions {
   /// sleeping keeps oversubscribed hosts (CI: 4 ranks on 2 cores) responsive.
   int spin_before_sleep = 2000;
   int idle_sleep_us = 20;
+  /// A thread that stays inside one transport call this long is wedged: libfabric's shm provider spins forever on
+  /// a lock in the shared memory of a peer that died holding it. The watchdog then fails the proxy (producers and
+  /// receivers get an error naming the peer) and Stop() abandons the thread instead of joining it. A healthy call
+  /// returns in microseconds.
+  absl::Duration stall_timeout = absl::Seconds(2);
 };
 
 /// Ring memory owned outside the proxy, for producers that cannot write the proxy's heap: a GPU pushes into pinned
@@ -51,15 +58,21 @@ struct ProxyStats {
   uint64_t immediates = 0;
 };
 
+class Proxy;
+/// Deletes a proxy whose threads all stopped; leaks one whose thread is wedged inside its transport (that thread may
+/// still touch the proxy, its transports and the region they write from). See Proxy::Stop.
+struct ProxyDeleter {
+  void operator()(Proxy* p) const;
+};
+using ProxyPtr = std::unique_ptr<Proxy, ProxyDeleter>;
+
 class Proxy {
  public:
   /// `transports[i]` must be registered on `region` and connected. Starts the threads. Thread i drains its own ring
   /// (options.fifo_entries commands in this process's heap) unless `rings` is given: then rings[i], one per transport.
-  static absl::StatusOr<std::unique_ptr<Proxy>> Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
-                                                       std::vector<std::unique_ptr<Transport>> transports,
-                                                       const ProxyOptions& options,
-                                                       std::vector<ExternalRing> rings = {});
-  ~Proxy();
+  static absl::StatusOr<ProxyPtr> Create(const protocol::LlLayout& layout, int rank, uint8_t* region,
+                                         std::vector<std::unique_ptr<Transport>> transports,
+                                         const ProxyOptions& options, std::vector<ExternalRing> rings = {});
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
@@ -75,11 +88,18 @@ class Proxy {
   /// Raises the abort flag and records `why` (first error wins). Threads keep draining completions.
   void Abort(const absl::Status& why);
   ProxyStats stats() const;
+  /// Stops the threads, waiting at most options.stall_timeout for each to leave the transport call it is in. Returns
+  /// false if one is wedged there: it is detached, and the proxy, its transports and the memory they read and write
+  /// (region, rings) must never be freed; the owner leaks them (ProxyDeleter does so for the proxy). Idempotent.
+  bool Stop();
 
  private:
+  friend struct ProxyDeleter;
   struct Thread;
   Proxy(const protocol::LlLayout& layout, int rank, uint8_t* region, const ProxyOptions& options);
+  ~Proxy();
   void Run(Thread* t);
+  void Watch();
   absl::Status Sweep(Thread* t, bool* did_work);
   absl::Status PostBatch(Thread* t, int n);
   absl::Status Post(Thread* t, int dst, uint64_t local_off, uint64_t remote_off, uint64_t bytes, uint32_t imm,
@@ -97,6 +117,9 @@ class Proxy {
   ProxyOptions options_;
   std::vector<std::unique_ptr<Thread>> threads_;
   std::atomic<bool> stop_{false};
+  absl::Notification stop_watch_;
+  std::thread watchdog_;
+  int stopped_ = -1;  // Stop()'s result once called: 1 all joined, 0 one abandoned
   std::vector<int32_t*> external_abort_words_;
   alignas(64) volatile int32_t abort_flag_ = 0;
   mutable absl::Mutex mu_;

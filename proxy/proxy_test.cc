@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -159,7 +160,7 @@ struct Pair {
   FakeNetwork net;
   std::unique_ptr<uint8_t[]> regions[2];
   FakeTransport* transports[2];
-  std::unique_ptr<Proxy> proxies[2];
+  ProxyPtr proxies[2];
 };
 
 TEST(ProxyTest, SignalsAppearOnlyAfterTheirDataUnderReordering) {
@@ -338,7 +339,7 @@ TEST(ProxyTest, ExternalRingsCarryCommandsAndAbortReachesTheirProducers) {
   const protocol::LlLayout layout = protocol::ComputeLlLayout({8, 512, 4, 2});
   FakeNetwork net(2);
   std::unique_ptr<uint8_t[]> regions[2];
-  std::unique_ptr<Proxy> proxies[2];
+  ProxyPtr proxies[2];
   Ring external(16);
   for (int r = 0; r < 2; ++r) {
     regions[r].reset(new uint8_t[layout.total_bytes]());
@@ -371,6 +372,66 @@ TEST(ProxyTest, ExternalRingsCarryCommandsAndAbortReachesTheirProducers) {
   EXPECT_EQ(external.abort_flag, 0);
   proxies[0]->Abort(absl::InternalError("test"));
   EXPECT_EQ(external.abort_flag, 1);  // producers waiting on a full external ring stop
+}
+
+// A transport call that never returns, as libfabric's shm write does when the peer died holding the lock in its
+// shared memory. Released only at the end of the test; it touches nothing but this flag.
+std::atomic<bool> g_transport_wedged{true};
+
+class WedgedTransport final : public Transport {
+ public:
+  std::string Name() const override { return "wedged"; }
+  absl::Status RegisterRegion(void*, uint64_t) override { return absl::OkStatus(); }
+  absl::StatusOr<std::string> LocalBlob() const override { return std::string("wedged"); }
+  absl::Status Connect(const std::vector<std::string>&) override { return absl::OkStatus(); }
+  uint64_t MaxWriteBytes() const override { return 1 << 20; }
+  absl::StatusOr<bool> PostWrite(int, uint64_t, uint64_t, uint64_t, uint32_t, uint64_t) override {
+    while (g_transport_wedged.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return true;
+  }
+  absl::StatusOr<int> Poll(Completion*, int) override { return 0; }
+};
+
+TEST(ProxyTest, WedgedTransportFailsTheProxyUnblocksProducersAndIsAbandonedOnStop) {
+  const protocol::LlLayout layout = protocol::ComputeLlLayout({8, 512, 4, 2});
+  // The region and the proxy are leaked when the thread is abandoned (the contract of Proxy::Stop).
+  uint8_t* region = new uint8_t[layout.total_bytes]();
+  std::vector<std::unique_ptr<Transport>> ts;
+  ts.push_back(std::make_unique<WedgedTransport>());
+  ProxyOptions o;
+  o.fifo_entries = 2;
+  o.stall_timeout = absl::Milliseconds(300);
+  auto p = Proxy::Create(layout, 0, region, std::move(ts), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ProxyPtr proxy = *std::move(p);
+  const protocol::FifoCmd write = protocol::MakeWriteCmd(LlOp::kDispatch, 0, 1, 0, 0, 256);
+  ASSERT_TRUE(protocol::FifoPush(proxy->ring(0), write));  // the thread pops it and never returns from the post
+  // Fill the 2-entry ring; the push after that waits for space until the watchdog aborts.
+  const auto start = std::chrono::steady_clock::now();
+  bool pushed = true;
+  for (int i = 0; i < 4 && pushed; ++i) pushed = protocol::FifoPush(proxy->ring(0), write);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(pushed) << "a producer on a full ring waited past the watchdog";
+  EXPECT_GE(waited, 0.25);
+  EXPECT_LT(waited, 5.0);
+  ASSERT_TRUE(proxy->failed());
+  const absl::Status s = proxy->status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(std::string(s.message()).find("(last destination rank 1)"), std::string::npos) << s;
+  const auto stop_start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(proxy->Stop());  // already known wedged: abandoned without waiting
+  proxy.reset();                // leaks instead of joining
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_start).count(), 1.0);
+  g_transport_wedged = false;  // the abandoned thread returns into leaked memory, sees stop and exits
+}
+
+TEST(ProxyTest, HealthyProxyStopsAndJoinsItsThreads) {
+  Pair p(/*max_write=*/1 << 20);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(p.proxies[r]->Stop());
+    EXPECT_TRUE(p.proxies[r]->Stop());  // idempotent
+    EXPECT_TRUE(p.proxies[r]->status().ok()) << "an idle proxy was taken for wedged";
+  }
 }
 
 TEST(ProxyTest, RejectsMismatchedExternalRings) {

@@ -46,7 +46,14 @@ void CpuBuffer::AddMetrics(const std::function<void(std::vector<uint64_t>&)>& f)
   f(metrics_);
 }
 
-CpuBuffer::~CpuBuffer() { proxy_.reset(); }
+CpuBuffer::~CpuBuffer() { StopProxy(); }
+
+void CpuBuffer::StopProxy() {
+  // A proxy thread wedged inside its transport (a peer died in libfabric's shm) may still read the region: then the
+  // region is leaked with the proxy instead of unmapped under it.
+  if (proxy_ != nullptr && !proxy_->Stop()) region_.Abandon();
+  proxy_.reset();
+}
 
 absl::StatusOr<std::unique_ptr<CpuBuffer>> CpuBuffer::Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
                                                              const CpuBufferOptions& options) {
@@ -291,7 +298,7 @@ absl::Status CpuBuffer::Close() {
     closed_ = true;
   }
   absl::Status s = bootstrap_.Barrier();
-  proxy_.reset();
+  StopProxy();
   return s;
 }
 

@@ -108,6 +108,7 @@ class CpuBuffer {
  private:
   CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options);
   absl::Status Init();
+  void StopProxy();
   absl::StatusOr<uint32_t> BeginSend(protocol::LlOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitForSignals(PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats);
   absl::Status ReceiveDispatch(PendingOp& op);
@@ -120,7 +121,7 @@ class CpuBuffer {
   CpuBufferOptions options_;
   int rank_;
   HostRegion region_;
-  std::unique_ptr<proxy::Proxy> proxy_;
+  proxy::ProxyPtr proxy_;
   std::vector<kernels::HostPeer> peers_;
   std::string transport_name_;
   mutable absl::Mutex mu_;

@@ -157,7 +157,7 @@ class GpuBuffer {
   uint8_t* d_proxy_region_ = nullptr;                 // its device alias
   std::vector<std::unique_ptr<CudaFifoRing>> rings_;  // one per proxy thread
   protocol::FifoRingHandle* d_fifos_ = nullptr;       // device [R]: ring serving each proxy peer
-  std::unique_ptr<proxy::Proxy> proxy_;
+  proxy::ProxyPtr proxy_;
   std::string transport_name_;
   uint64_t* d_workspace_ = nullptr;                 // completion counters + flags (ll_kernels.h LlDeviceContext)
   protocol::DeviceErrorRecord* h_error_ = nullptr;  // mapped, pinned host memory

@@ -378,7 +378,13 @@ void GpuBuffer::Release() {
     if (r != rank_ && peer_bases_[r] != nullptr) cudaIpcCloseMemHandle(peer_bases_[r]);
   }
   peer_bases_.clear();
-  proxy_.reset();  // joins the proxy threads before their rings and region go away
+  // The proxy threads stop before their rings and region go away. One wedged inside its transport (a peer died in
+  // libfabric's shm) may still touch both: then they are leaked with the proxy instead of freed under it.
+  if (proxy_ != nullptr && !proxy_->Stop()) {
+    for (auto& ring : rings_) ring.release();
+    h_proxy_region_ = nullptr;
+  }
+  proxy_.reset();
   rings_.clear();
   if (d_fifos_ != nullptr) cudaFree(d_fifos_);
   if (h_proxy_region_ != nullptr) cudaFreeHost(h_proxy_region_);

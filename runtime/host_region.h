@@ -20,6 +20,8 @@ class HostRegion {
 
   uint8_t* data() const { return data_; }
   size_t size() const { return bytes_; }
+  /// Forgets the mapping without unmapping it, for memory a wedged proxy thread may still touch (proxy.h Stop).
+  void Abandon() { data_ = nullptr, bytes_ = 0; }
 
  private:
   HostRegion(uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
