@@ -259,7 +259,7 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines, proxy):
     dist.all_reduce(_ALIGN['one'], group=_ALIGN['nccl'])
     buf = llep.Buffer(group, low_latency_mode=True, explicitly_destroy=True)
     buf.backend = 'cuda'
-    buf._num_ctas = num_ctas  # 0 = one CTA per SM
+    buf._options['num_ctas'] = num_ctas  # 0 = one CTA per SM
     rows = []
     for T in Ts:
         buf.clean_low_latency_buffer(_buffer_tokens(T, R), H, E)
@@ -280,7 +280,7 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines, proxy):
         pbuf = llep.Buffer(group, low_latency_mode=True, explicitly_destroy=True,
                            allow_nvlink_for_low_latency_mode=False)
         pbuf.backend = 'cuda'
-        pbuf._num_ctas = num_ctas
+        pbuf._options['num_ctas'] = num_ctas
         for r in rows:
             T = r['T']
             pbuf.clean_low_latency_buffer(_buffer_tokens(T, R), H, E)

@@ -79,7 +79,7 @@ absl::Status CpuBuffer::Init() {
     std::vector<std::string> blobs;
     for (int i = 0; i < options_.num_proxy_threads; ++i) {
       proxy::FabricOptions fo;
-      fo.provider = options_.provider;
+      fo.provider = options_.provider.empty() ? "shm" : options_.provider;
       LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateFabricTransport(fo));
       LLEP_RETURN_IF_ERROR(t->RegisterRegion(region_.data(), region_.size()));
       LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());

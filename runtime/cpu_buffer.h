@@ -35,7 +35,8 @@
 namespace llep {
 
 struct CpuBufferOptions {
-  std::string provider = "shm";  ///< libfabric provider for inter-process traffic ("shm", "tcp;ofi_rxm", ...)
+  /// libfabric provider for inter-process traffic ("shm", "tcp;ofi_rxm", ...); empty = "shm" (one host)
+  std::string provider = "shm";
   int num_proxy_threads = 1;
   absl::Duration timeout = absl::Seconds(30);  ///< receive wait before DeadlineExceeded names the silent ranks
   proxy::ProxyOptions proxy;

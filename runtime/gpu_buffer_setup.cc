@@ -283,7 +283,8 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
 absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
   const int R = layout_.shape.num_ranks;
   std::string transport = options_.transport;
-  if (transport.empty()) transport = base::EnvString("LLEP_FABRIC_PROVIDER");
+  LLEP_ASSIGN_OR_RETURN(const base::Options env, base::ReadOptions());
+  if (transport.empty()) transport = env.fabric_provider;
   if (transport.empty()) {
     // Virtual nodes of one host talk through shared memory; real nodes through the first RDMA provider present.
     transport = "shm";
@@ -322,7 +323,7 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
         auto ring = std::make_unique<CudaFifoRing>();
         LLEP_CUDA_RETURN_IF_ERROR(ring->Init(kGpuFifoEntries));
         rings_.push_back(std::move(ring));
-        LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, base::EnvString("LLEP_FABRIC_NODE"), rank_, R));
+        LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, env.fabric_node, rank_, R));
         LLEP_RETURN_IF_ERROR(t->RegisterRegion(h_proxy_region_, static_cast<uint64_t>(layout_.total_bytes)));
         LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());
         fields.push_back(std::move(blob));
@@ -355,7 +356,7 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
   proxy::ProxyOptions po;
   po.fifo_entries = kGpuFifoEntries;
   // GPU hosts have cores to spare: poll without sleeping for ~1 s of idleness, so decode steps never wake a sleeper.
-  LLEP_ASSIGN_OR_RETURN(po.spin_before_sleep, base::EnvInt("LLEP_PROXY_SPIN", 1 << 20));
+  po.spin_before_sleep = env.proxy_spin;
   LLEP_ASSIGN_OR_RETURN(
       proxy_, proxy::Proxy::Create(layout_, rank_, h_proxy_region_, std::move(transports), po, std::move(rings)));
   std::vector<protocol::FifoRingHandle> fifos(R);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "runtime/base/env.h"
+#include "runtime/base/status_macros.h"
 
 namespace llep {
 
@@ -69,12 +70,8 @@ std::string HostIdentity() {
 }
 
 absl::StatusOr<int> RanksPerNodeFromEnv() {
-  absl::StatusOr<int> n = base::EnvInt("LLEP_RANKS_PER_NODE", 0);
-  if (n.ok() && *n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LLEP_RANKS_PER_NODE=", *n, ": expected a non-negative integer (ranks per virtual node)"));
-  }
-  return n;
+  LLEP_ASSIGN_OR_RETURN(const base::Options env, base::ReadOptions());
+  return env.ranks_per_node;
 }
 
 }  // namespace llep

@@ -50,6 +50,7 @@ class VerbsTransport final : public Transport {
       return absl::InvalidArgumentError(absl::StrCat("verbs transport: rank ", opt_.rank, " of ", opt_.num_ranks,
                                                      ", queue depth ", opt_.queue_depth));
     }
+    LLEP_ASSIGN_OR_RETURN(const base::Options env, base::ReadOptions());
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);
     if (list == nullptr || n == 0) {
@@ -59,7 +60,7 @@ class VerbsTransport final : public Transport {
       if (list != nullptr) ibv_free_device_list(list);
       return s;
     }
-    const std::string want = opt_.device.empty() ? base::EnvString("LLEP_IB_DEVICE") : opt_.device;
+    const std::string want = opt_.device.empty() ? env.ib_device : opt_.device;
     ibv_device* dev = nullptr;
     for (int i = 0; i < n && dev == nullptr; ++i) {
       if (want.empty() || want == ibv_get_device_name(list[i])) dev = list[i];
@@ -79,7 +80,7 @@ class VerbsTransport final : public Transport {
     if (opt_.gid_index >= 0) {
       gid_index_ = opt_.gid_index;
     } else {
-      LLEP_ASSIGN_OR_RETURN(gid_index_, base::EnvInt("LLEP_IB_GID_INDEX", 0));
+      gid_index_ = env.ib_gid_index;
     }
     if (ibv_query_gid(ctx_, static_cast<uint8_t>(opt_.port), gid_index_, &gid_) != 0) return Errno("ibv_query_gid");
     if ((pd_ = ibv_alloc_pd(ctx_)) == nullptr) return Errno("ibv_alloc_pd");

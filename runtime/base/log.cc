@@ -5,13 +5,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/base/env.h"
+
 namespace llep::base {
 namespace {
 
 int ConfiguredLevel() {
   static const int level = [] {
-    const char* env = std::getenv("LLEP_LOG_LEVEL");
-    return env != nullptr ? std::atoi(env) : static_cast<int>(LogLevel::kWarning);
+    const absl::StatusOr<Options> env = ReadOptions();  // a malformed option is reported where it is used
+    return env.ok() ? env->log_level : static_cast<int>(LogLevel::kWarning);
   }();
   return level;
 }

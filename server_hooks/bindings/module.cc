@@ -1,6 +1,7 @@
 // The native module llep._llep: layout queries, the CPU backend binding and the error classes.
 #include <pybind11/pybind11.h>
 
+#include "runtime/base/env.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/validate.h"
 #include "server_hooks/bindings/status_to_python.h"
@@ -28,6 +29,33 @@ PYBIND11_MODULE(_llep, m) {
   m.def("deepep_v1_size_hint", &llep::protocol::DeepEpV1LowLatencySizeHint, py::arg("T"), py::arg("H"), py::arg("E"),
         "DeepEP V1's size hint for the same shape (for comparison only).");
   m.attr("MAX_TOPK") = llep::protocol::kMaxTopK;
+  m.def(
+      "read_options",
+      [] {
+        absl::StatusOr<llep::base::Options> o = llep::base::ReadOptions();
+        llep::bindings::ThrowIfError(o.status());
+        py::dict d;
+        d["backend"] = o->backend;
+        d["fabric_provider"] = o->fabric_provider;
+        d["fabric_node"] = o->fabric_node;
+        d["timeout_s"] = absl::ToDoubleSeconds(o->timeout);
+        d["proxy_threads"] = o->proxy_threads;
+        d["num_ctas"] = o->num_ctas;
+        d["metrics"] = o->metrics;
+        d["kernel_trace"] = o->kernel_trace;
+        d["metrics_port"] = o->metrics_port;
+        d["metrics_addr"] = o->metrics_addr;
+        d["metrics_labels"] = o->metrics_labels;
+        d["metrics_interval_s"] = o->metrics_interval_s;
+        return d;
+      },
+      "The LLEP_* options the Python layer uses, read now (runtime/base/env.h: one read site, one default each; "
+      "README 'Options'). Raises LlepInvalidArgumentError for a malformed value.");
+  m.attr("OPTION_NAMES") = [] {
+    py::list names;
+    for (const char* n : llep::base::kOptionNames) names.append(n);
+    return names;
+  }();
   llep::bindings::BindCpuBuffer(m);
 #ifdef LLEP_HAVE_CUDA
   llep::bindings::BindGpuBuffer(m);

@@ -17,18 +17,9 @@ batch size sharing the buffer: the kernels pick the buffer half and pair each re
 device. The in-flight rules (graph_capture/README.md) are checked by the host at each call and by the kernels on
 every replay. llep.graph_capture captures a decode step per batch size.
 
-Environment: LLEP_BACKEND ('cuda' / 'cpu'), LLEP_TIMEOUT_S (default 30: a silent peer becomes LlepTimeoutError
-after that long), LLEP_NUM_CTAS (GPU: CTAs per launch, default one per SM), LLEP_KERNEL_TRACE=1 (GPU: the kernels
-record a diagnostic timeline, read with `runtime.kernel_trace()`), LLEP_FABRIC_PROVIDER (CPU: default 'shm';
-'tcp;ofi_rxm' also works on loopback; GPU proxy peers: 'ibverbs' or a libfabric provider, default 'shm' between
-virtual nodes of one host and the first of efa / verbs;ofi_rxm / tcp;ofi_rxm across hosts), LLEP_FABRIC_NODE
-(address socket providers bind, default 127.0.0.1), LLEP_PROXY_THREADS (default 1), LLEP_RANKS_PER_NODE=N (GPU:
-split the host into virtual nodes of N consecutive ranks whose traffic goes through the CPU proxy;
-allow_nvlink_for_low_latency_mode=False is N = 1).
-Metrics (metrics/README.md): LLEP_METRICS=0 switches the device counters off (default on); LLEP_METRICS_PORT=P
-starts a Prometheus exporter per rank on LLEP_METRICS_ADDR (default 127.0.0.1) port P + local rank (LOCAL_RANK,
-else the rank), with constant labels from LLEP_METRICS_LABELS ("model_name=m,engine=sglang") and a snapshot every
-LLEP_METRICS_INTERVAL_S seconds (default 1).
+Environment: the LLEP_* options (backend, timeout, CTAs per launch, proxy transport and threads, virtual nodes,
+metrics exporter) are listed with their defaults in one table, README "Options"; they are read by the native module
+(runtime/base/env.h) when the Buffer is created and passed to the backend as explicit arguments.
 """
 import contextlib
 import os
@@ -202,11 +193,9 @@ class Buffer:
         self.nvshmem_qp_depth = 1 << 30  # llep's queues are flow-controlled: no T bound from a QP depth
         self.runtime: Optional[Any] = None  # created by the first low-latency call (collective)
         self._shape: Optional[Tuple[int, int, int]] = None
-        self._provider = os.environ.get('LLEP_FABRIC_PROVIDER', 'shm')
-        self._timeout_s = float(os.environ.get('LLEP_TIMEOUT_S', '30'))
-        self._proxy_threads = int(os.environ.get('LLEP_PROXY_THREADS', '1'))
-        self._num_ctas = int(os.environ.get('LLEP_NUM_CTAS', '0'))
-        self._metrics = os.environ.get('LLEP_METRICS', '1') != '0'
+        # Every LLEP_* option comes from the native reader (runtime/base/env.h): one read site and one default each.
+        self._options: Dict[str, Any] = _llep.read_options()
+        self._metrics = bool(self._options['metrics'])
         self.metrics_port: Optional[int] = None  # the exporter's bound port once started
         self._destroyed = False
         self._device: Optional[torch.device] = None
@@ -214,7 +203,7 @@ class Buffer:
         self._out_specs: Dict[Tuple[bool, bool], _DispatchOutputs] = {}  # per (use_fp8, use_ue8m0)
         self._combine_specs: Tuple = ()  # combine's expected x / src_info / layout_range shapes
         default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
-        self.backend = os.environ.get('LLEP_BACKEND', default)
+        self.backend = self._options['backend'] or default
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -242,15 +231,16 @@ class Buffer:
             if not getattr(_llep, 'HAVE_CUDA', False):
                 raise _llep.LlepUnimplementedError('llep was built without CUDA: use Buffer.backend = "cpu"')
             self._device = torch.device('cuda', torch.cuda.current_device())
+            o = self._options
             self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
-                                           self._device.index, self._timeout_s, self._num_ctas,
-                                           os.environ.get('LLEP_KERNEL_TRACE', '0') == '1', self._metrics,
-                                           -1 if self.allow_nvlink_for_low_latency_mode else 1,
-                                           os.environ.get('LLEP_FABRIC_PROVIDER', ''), self._proxy_threads)
+                                           self._device.index, o['timeout_s'], o['num_ctas'], o['kernel_trace'],
+                                           self._metrics, -1 if self.allow_nvlink_for_low_latency_mode else 1,
+                                           o['fabric_provider'], o['proxy_threads'])
         elif self.backend == 'cpu':
             self._device = torch.device('cpu')
+            o = self._options
             self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
-                                           self._provider, self._timeout_s, self._proxy_threads, self._metrics)
+                                           o['fabric_provider'], o['timeout_s'], o['proxy_threads'], self._metrics)
         else:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
@@ -258,13 +248,12 @@ class Buffer:
         self._out_specs = {}
         E_loc, rows = shape[2] // self.group_size, self.group_size * shape[0]
         self._combine_specs = ((E_loc, rows, shape[1]), (E_loc, rows), (E_loc, self.group_size))
-        port = os.environ.get('LLEP_METRICS_PORT')
-        if port is not None and self._metrics:
-            local = int(os.environ.get('LOCAL_RANK', self.rank))
-            labels = dict(kv.split('=', 1) for kv in os.environ.get('LLEP_METRICS_LABELS', '').split(',') if kv)
-            self.start_metrics_exporter(int(port) + local if int(port) > 0 else int(port),
-                                        os.environ.get('LLEP_METRICS_ADDR', '127.0.0.1'), labels,
-                                        float(os.environ.get('LLEP_METRICS_INTERVAL_S', '1')))
+        port = int(self._options['metrics_port'])
+        if port >= 0 and self._metrics:
+            local = int(os.environ.get('LOCAL_RANK', self.rank))  # the launcher's variable, not an llep option
+            labels = dict(kv.split('=', 1) for kv in self._options['metrics_labels'].split(',') if kv)
+            self.start_metrics_exporter(port + local if port > 0 else port, self._options['metrics_addr'], labels,
+                                        float(self._options['metrics_interval_s']))
         return self.runtime
 
     # ------------------------------------------------------------------------------------------ metrics (llep)
