@@ -16,9 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/cpu_buffer.h"
-#include "runtime/local_job.h"
 #include "runtime/protocol/ll_layout.h"
-#include "runtime/selftest/workload.h"
+#include "tests/harness/local_job.h"
+#include "tests/harness/workload.h"
 
 ABSL_FLAG(int, ranks, 4, "rank processes");
 ABSL_FLAG(int, tokens, 128, "T: tokens per rank per call");

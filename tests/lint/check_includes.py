@@ -20,7 +20,8 @@ ALLOWED = {
     "graph_capture": {"runtime", "graph_capture"},
     "server_hooks": {"runtime", "graph_capture", "metrics", "server_hooks"},
     "tests": None,  # anything public
-    "bench": {"runtime", "kernels", "proxy", "metrics", "graph_capture", "bench"},
+    "tests/harness": {"runtime", "kernels", "proxy", "metrics"},  # what tests and benchmarks share
+    "bench": {"runtime", "kernels", "proxy", "metrics", "graph_capture", "tests/harness", "bench"},
 }
 FOREIGN_BANNED = {
     "runtime/protocol": ("absl/", "torch/", "pybind11/", "infiniband/", "rdma/", "prometheus/"),

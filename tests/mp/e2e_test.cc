@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/cpu_buffer.h"
-#include "runtime/local_job.h"
-#include "runtime/selftest/workload.h"
+#include "tests/harness/local_job.h"
+#include "tests/harness/workload.h"
 
 namespace llep {
 namespace {

@@ -1,8 +1,8 @@
-// llep self-test: deterministic synthetic MoE decode traffic and a direct reference for its results.
-// Layer: runtime/selftest. Used by the benchmark (which verifies what it times), the multi-process tests and,
-// later, the GPU tests. Inputs depend only on (config, rank, iteration), so every rank regenerates every other
-// rank's inputs and checks its own outputs without extra communication. The reference is computed from the
-// definitions (DeepEP V1 semantics), not through kernels/host/route_plan.
+// llep self-test: deterministic synthetic MoE decode traffic and a direct reference for its results. Layer:
+// tests/harness (library llep::testing, not part of llep). Used by the benchmark (which verifies what it times), the
+// multi-process tests and, later, the GPU tests. Inputs depend only on (config, rank, iteration), so every rank
+// regenerates every other rank's inputs and checks its own outputs without extra communication. The reference is
+// computed from the definitions (DeepEP V1 semantics), not through kernels/host/route_plan.
 #pragma once
 
 #include <cstdint>

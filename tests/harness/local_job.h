@@ -1,7 +1,7 @@
-// Runs N rank processes on this host, each with a TCP-store bootstrap on loopback: how the CPU benchmark, the
-// multi-process tests and any C++ program start a single-host job without MPI or Python.
-// Layer: runtime. Call from a process that has started no threads yet (it forks); the parent serves the store
-// while the children run and returns once all exited, killing them all at the deadline.
+// Runs N rank processes on this host, each with a TCP-store bootstrap on loopback: how the CPU benchmark, the multi-
+// process tests and any C++ program start a single-host job without MPI or Python. Layer: tests/harness (llep::testing,
+// not part of llep). Call from a process that has started no threads yet (it forks); the parent serves the store while
+// the children run and returns once all exited, killing them all at the deadline.
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-#include "runtime/selftest/workload.h"
+#include "tests/harness/workload.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "runtime/local_job.h"
+#include "tests/harness/local_job.h"
 
 #include <signal.h>
 #include <sys/types.h>
