@@ -166,7 +166,7 @@ def _bench_llep(buf, rank, R, T, dev, iters):
 
 
 TRACE_POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
-                'recv_planned', 'recv_end', 'encoded', 'fenced']  # kernels/cuda/ll_kernels.h TracePoint
+                'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered']  # kernels/cuda/ll_kernels.h TracePoint
 
 
 def _trace_line(buf, x, topk, w, y, out, T, E):

@@ -140,6 +140,7 @@ __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, u
   const LlDeviceContext& c = p.ctx;
   __shared__ uint32_t call_seq;
   __shared__ unsigned long long call_n;  // send launches: the launch's index (LlCallState)
+  Trace(c, op, kTraceEntered);
   if (threadIdx.x == 0) {
     call_seq = (phase & kPhaseSend) ? TakeCallSeq(c, op, &call_n) : TakeReceivedSeq(c, op, p.call_tag);
   }

@@ -56,6 +56,7 @@ enum TracePoint : int {
   kTraceRecvEnd,        ///< receive phase done
   kTraceEncoded,        ///< dispatch: warp 0's first payload chunk loaded and encoded (before its stores)
   kTraceFenced,         ///< dispatch: thread 0's system fence after the first round's stores returned
+  kTraceEntered,        ///< the CTA started (before the call state): the launch's ramp, for receive-only launches too
   kTracePoints = 16,
 };
 

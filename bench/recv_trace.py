@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Where a receive-only launch spends its time (issue #19, receive-launch fixed cost): one rank, hook mode, the
+kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For the last receive launch of each op it prints, per trace
+point, the median / max over CTAs of µs since the first CTA entered the kernel ('entered' is stamped before the call
+state is read), and the profiler's duration of the same receive kernel, so the part of the launch no CTA stamps
+(ramp-up before the first CTA, teardown after the last) shows as the difference.
+
+  LLEP_KERNEL_TRACE is set by this script. Usage: PYTHONPATH=build-gpu/python python3 bench/recv_trace.py --tokens 1 8
+"""
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_times import kernel_times  # bench/kernel_times.py
+
+H, E, K = 7168, 256, 8
+POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
+          'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered']  # kernels/cuda/ll_kernels.h TracePoint
+RECV = ['entered', 'recv_start', 'signals', 'recv_planned', 'recv_end']
+
+
+def timeline(buf, op):
+    tr = buf.runtime.kernel_trace()
+    G, P = buf.runtime.num_ctas, 16
+    col = {name: [tr[(op * G + b) * P + POINTS.index(name)] for b in range(G)] for name in RECV}
+    t0 = min(v for v in col['entered'] if v)
+    cells = []
+    for name in RECV:
+        vs = sorted((v - t0) / 1000 for v in col[name] if v >= t0)
+        if vs:
+            cells.append(f'{name} {statistics.median(vs):.2f}/{vs[-1]:.2f}')
+    return ', '.join(cells)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32, 128])
+    ap.add_argument('--iters', type=int, default=100)
+    args = ap.parse_args()
+    os.environ['LLEP_KERNEL_TRACE'] = '1'
+    import llep
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    dev = torch.device('cuda', 0)
+    torch.cuda.set_device(dev)
+    T_top = max(args.tokens)
+    buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, 1, E),
+                      low_latency_mode=True)
+    for T in args.tokens:
+        g = torch.Generator(device=dev).manual_seed(T)
+        x = torch.randn((T, H), generator=g, device=dev).to(torch.bfloat16)
+        topk = torch.topk(torch.rand((T, E), generator=g, device=dev), K, dim=-1).indices.to(torch.int64)
+        w = torch.rand((T, K), generator=g, device=dev)
+        state = {}
+
+        y = torch.zeros((E, T_top, H), dtype=torch.bfloat16, device=dev)  # the experts' outputs (1 rank: E local)
+
+        def round_trip():
+            state['d'] = buf.low_latency_dispatch(x, topk, T_top, E, return_recv_hook=True)
+            state['d'][-1]()
+            handle = state['d'][2]
+            _, _, ch = buf.low_latency_combine(y, topk, w, handle, return_recv_hook=True)
+            ch()
+
+        for _ in range(5):
+            round_trip()
+        torch.cuda.synchronize()
+        d_line, c_line = timeline(buf, 0), timeline(buf, 1)
+        ks = kernel_times(round_trip, args.iters, torch.cuda.synchronize)
+        med = {f'{op}_{ph}': statistics.median(ks[op][i::2]) for op in ks for i, ph in ((0, 'send'), (1, 'recv'))}
+        print(f'T={T}: profiler kernel durations (µs, median): ' + ', '.join(f'{k} {v:.2f}' for k, v in med.items()),
+              flush=True)
+        print(f'T={T}: dispatch receive launch, µs since the first CTA entered (median/max over CTAs): {d_line}')
+        print(f'T={T}: combine receive launch: {c_line}', flush=True)
+    buf.destroy()
+    dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    main()
