@@ -55,7 +55,7 @@ def main():
     torch.cuda.set_device(dev)
     T_top = max(args.tokens)
     buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, 1, E),
-                      low_latency_mode=True)
+                      low_latency_mode=True, explicitly_destroy=True)
     for T in args.tokens:
         g = torch.Generator(device=dev).manual_seed(T)
         x = torch.randn((T, H), generator=g, device=dev).to(torch.bfloat16)
