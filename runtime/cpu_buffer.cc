@@ -141,7 +141,7 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   op.seq_ = seq;
   op.op_ = LlOp::kDispatch;
   op.dispatch_ = call;
-  if (!kernels::DispatchSendHost(Context(), {call.x, &dispatch_plan_, call.mode, seq})) {
+  if (!kernels::DispatchSendHost(Context(), {&call, &dispatch_plan_, seq})) {
     return base::Annotate(proxy_->status(), "dispatch send aborted");
   }
   op.send_end_ns_ = NowNs();
@@ -167,7 +167,7 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   op.combine_ = call;
   op.plan_ = std::make_unique<kernels::RoutePlan>();
   kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, op.plan_.get());
-  if (!kernels::CombineSendHost(Context(), {call.zero_copy ? nullptr : call.x, call.layout_range, seq})) {
+  if (!kernels::CombineSendHost(Context(), {&call, seq})) {
     return base::Annotate(proxy_->status(), "combine send aborted");
   }
   op.send_end_ns_ = NowNs();
@@ -256,17 +256,7 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   const DispatchCall& c = op.dispatch_;
   std::vector<uint32_t> tokens;
   LLEP_RETURN_IF_ERROR(WaitForSignals(op, &tokens, c.wait_recv_cost_stats));
-  kernels::DispatchRecvArgs a;
-  a.mode = c.mode;
-  a.seq = op.seq_;
-  a.tokens_from_src = tokens.data();
-  a.recv_x = c.recv_x;
-  a.recv_scales = c.recv_scales;
-  a.recv_count = c.recv_count;
-  a.src_info = c.src_info;
-  a.layout_range = c.layout_range;
-  a.cumulative_local_expert_recv_stats = c.cumulative_local_expert_recv_stats;
-  const std::string err = kernels::DispatchRecvHost(Context(), a);
+  const std::string err = kernels::DispatchRecvHost(Context(), {&c, op.seq_, tokens.data()});
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
   AddMetrics([&](std::vector<uint64_t>& m) {
     for (int le = 0; le < layout_.shape.num_local_experts(); ++le) {
@@ -287,7 +277,7 @@ absl::Status CpuBuffer::ReceiveCombine(PendingOp& op) {
           op.plan_->rows_per_dst[src], " of its experts; combine needs the topk_idx of the matching dispatch"));
     }
   }
-  kernels::CombineRecvHost(Context(), {op.plan_.get(), c.topk_weights, op.seq_, c.out});
+  kernels::CombineRecvHost(Context(), {&c, op.plan_.get(), op.seq_});
   return absl::OkStatus();
 }
 

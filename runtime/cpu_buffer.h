@@ -28,7 +28,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/call_sequence.h"
 #include "runtime/host_region.h"
-#include "runtime/ll_calls.h"
+#include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/protocol/metrics_layout.h"
 

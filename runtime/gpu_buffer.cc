@@ -72,20 +72,8 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool 
   LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call));
   GpuPendingOp op;
   op.op = LlOp::kDispatch;
-  kernels::cuda::DispatchParams& p = op.dispatch;
-  p.ctx = ctx_;
-  p.mode = call.mode;
-  p.x = call.x;
-  p.topk_idx = call.topk_idx;
-  p.num_tokens = call.num_tokens;
-  p.num_topk = call.num_topk;
-  p.recv_x = call.recv_x;
-  p.recv_scales = call.recv_scales;
-  p.recv_count = call.recv_count;
-  p.src_info = call.src_info;
-  p.layout_range = call.layout_range;
-  p.cumulative_stats = call.cumulative_local_expert_recv_stats;
-  p.wait_stats = call.wait_recv_cost_stats;
+  static_cast<DispatchCall&>(op.dispatch) = call;
+  op.dispatch.ctx = ctx_;
   return Send(std::move(op), split, stream);
 }
 
@@ -93,16 +81,8 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
   LLEP_RETURN_IF_ERROR(ValidateCombineCall(layout_.shape, call));
   GpuPendingOp op;
   op.op = LlOp::kCombine;
-  kernels::cuda::CombineParams& p = op.combine;
-  p.ctx = ctx_;
-  p.x = call.zero_copy ? nullptr : call.x;
-  p.layout_range = call.layout_range;
-  p.topk_idx = call.topk_idx;
-  p.topk_weights = call.topk_weights;
-  p.num_tokens = call.num_tokens;
-  p.num_topk = call.num_topk;
-  p.out = call.out;
-  p.wait_stats = call.wait_recv_cost_stats;
+  static_cast<CombineCall&>(op.combine) = call;
+  op.combine.ctx = ctx_;
   return Send(std::move(op), split, stream);
 }
 

@@ -46,7 +46,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/call_sequence.h"
 #include "runtime/cuda_fifo_ring.h"
-#include "runtime/ll_calls.h"
+#include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/topology.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "runtime/ll_calls.h"
+#include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_shape.h"
 
 namespace llep {

@@ -57,8 +57,8 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
   for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
     const int q = FindBlock(start, E, m), le = q / R, d = q % R, i = m - start[q];
     const int64_t src_row = beg[q] + i;
-    const uint8_t* src = p.x != nullptr ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
-                                        : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
+    const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
+                                      : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
     const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[d * E_loc + le] - pos[d * E_loc] + i);
     uint8_t* const peer = PeerBase(c, lane_peer, d);
     // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
@@ -186,7 +186,7 @@ __device__ void CombineRecv(const CombineParams& p, uint32_t seq, uint8_t* smem)
     }
     if (round == 0) {
       // Each expert rank must return exactly the rows this rank routed to it.
-      WaitAllSources(c, LlOp::kCombine, half, seq, L.combine_rows_per_src, p.wait_stats, got, failed);
+      WaitAllSources(c, LlOp::kCombine, half, seq, L.combine_rows_per_src, p.wait_recv_cost_stats, got, failed);
       __syncthreads();
       Trace(c, LlOp::kCombine, kTraceSignals);
       StampWaitEnd(c, seq);

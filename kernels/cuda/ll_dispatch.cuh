@@ -241,7 +241,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
   if (tid == 0) *failed = 0;
   __syncthreads();
-  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_stats, msg_start, failed);  // messages per source
+  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_start, failed);  // messages per source
   __syncthreads();
   Trace(c, LlOp::kDispatch, kTraceSignals);
   StampWaitEnd(c, seq);
@@ -268,7 +268,7 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
     }
     if (blockIdx.x == 0) {
       p.recv_count[le] = acc;
-      if (p.cumulative_stats != nullptr) atomicAdd(&p.cumulative_stats[le], acc);
+      if (p.cumulative_local_expert_recv_stats != nullptr) atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
       if (c.metrics != nullptr) AddMetric(c, c.metrics_layout.expert_recv_tokens(le), static_cast<uint64_t>(acc));
     }
   }

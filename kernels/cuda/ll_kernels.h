@@ -32,6 +32,7 @@
 
 #include "runtime/protocol/device_error.h"
 #include "runtime/protocol/fifo_ring.h"
+#include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/protocol/metrics_layout.h"
 
@@ -156,34 +157,17 @@ struct LlDeviceContext {
   protocol::MetricsLayout metrics_layout;
 };
 
-struct DispatchParams {
+/// A launch's parameters: the call as the caller described it (runtime/protocol/ll_call.h, device pointers), plus
+/// what the runtime adds.
+struct DispatchParams : protocol::DispatchCall {
   LlDeviceContext ctx;
   uint32_t call_tag = 0;  ///< unique per host send (never 0); a split operation's receive launch carries it too
-  protocol::DispatchMode mode;
-  const uint16_t* x = nullptr;        ///< bf16 [num_tokens, H]
-  const int64_t* topk_idx = nullptr;  ///< [num_tokens, num_topk]
-  int num_tokens = 0;
-  int num_topk = 0;
-  void* recv_x = nullptr;               ///< fp8 uint8 / bf16 [E_loc, R*T, H]
-  void* recv_scales = nullptr;          ///< fp32 [E_loc, H/128, R*T] or packed ue8m0 int32 [E_loc, H/512, R*T]
-  int32_t* recv_count = nullptr;        ///< [E_loc]
-  int32_t* src_info = nullptr;          ///< [E_loc, R*T]
-  int64_t* layout_range = nullptr;      ///< [E_loc, R]: protocol::PackLayoutRange words
-  int32_t* cumulative_stats = nullptr;  ///< optional [E_loc], accumulated
-  int64_t* wait_stats = nullptr;        ///< optional [R]: ns waited per source, accumulated
 };
 
-struct CombineParams {
+/// As DispatchParams; with zero_copy the rows are in c_send of kZeroCopyHalf and x is not read.
+struct CombineParams : protocol::CombineCall {
   LlDeviceContext ctx;
-  uint32_t call_tag = 0;                  ///< as DispatchParams::call_tag
-  const uint16_t* x = nullptr;            ///< bf16 [E_loc, R*T, H]; null = zero-copy (rows in c_send of kZeroCopyHalf)
-  const int64_t* layout_range = nullptr;  ///< the dispatch handle's [E_loc, R]
-  const int64_t* topk_idx = nullptr;      ///< this rank's routing [num_tokens, num_topk]
-  const float* topk_weights = nullptr;    ///< [num_tokens, num_topk]
-  int num_tokens = 0;
-  int num_topk = 0;
-  uint16_t* out = nullptr;        ///< bf16 [num_tokens, H]
-  int64_t* wait_stats = nullptr;  ///< optional [R], ns, accumulated
+  uint32_t call_tag = 0;  ///< as DispatchParams::call_tag
 };
 
 /// The GPU backend's zero-copy combine rows (DeepEP's get_next_low_latency_combine_buffer) live in c_send of this half

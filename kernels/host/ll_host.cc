@@ -181,10 +181,11 @@ void EncodeDispatchPayloadReference(const uint16_t* x, int hidden, const protoco
 
 bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
   const protocol::LlLayout& L = ctx.layout;
+  const protocol::DispatchCall& call = *a.call;
   const RoutePlan& plan = *a.plan;
   const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
   const int E_loc = L.shape.num_local_experts();
-  const bool fp8 = a.mode.use_fp8;
+  const bool fp8 = call.mode.use_fp8;
   const int64_t payload_bytes = protocol::DispatchPayloadBytes(H, fp8);
   const int64_t stride = protocol::DispatchPayloadStride(H, fp8);
 
@@ -193,7 +194,7 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
     bool routed = false;
     for (int d = 0; d < R && !routed; ++d) routed = plan.slot[static_cast<size_t>(t) * R + d] >= 0;
     if (routed) {
-      EncodeDispatchPayload(a.x + static_cast<size_t>(t) * H, H, a.mode,
+      EncodeDispatchPayload(call.x + static_cast<size_t>(t) * H, H, call.mode,
                             ctx.local_base + L.DispatchPayloadOffset(half, t, fp8));
     }
   }
@@ -271,10 +272,11 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
 
 std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs& a) {
   const protocol::LlLayout& L = ctx.layout;
+  const protocol::DispatchCall& call = *a.call;
   const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E_loc = L.shape.num_local_experts();
   const int64_t rows = L.shape.max_recv_rows();
-  const bool fp8 = a.mode.use_fp8;
+  const bool fp8 = call.mode.use_fp8;
   const int num_scales = L.shape.num_scales(), num_packed = L.shape.num_packed_ue8m0();
 
   // Counts and block starts: blocks of one expert are ordered by source rank.
@@ -296,12 +298,12 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
     for (int src = 0; src < R; ++src) {
       const uint32_t c = cnt[static_cast<size_t>(src) * E_loc + le];
       begin[static_cast<size_t>(src) * E_loc + le] = acc;
-      a.layout_range[static_cast<size_t>(le) * R + src] = protocol::PackLayoutRange(c, acc);
+      call.layout_range[static_cast<size_t>(le) * R + src] = protocol::PackLayoutRange(c, acc);
       acc += c;
     }
-    a.recv_count[le] = static_cast<int32_t>(acc);
-    if (a.cumulative_local_expert_recv_stats != nullptr)
-      a.cumulative_local_expert_recv_stats[le] += static_cast<int32_t>(acc);
+    call.recv_count[le] = static_cast<int32_t>(acc);
+    if (call.cumulative_local_expert_recv_stats != nullptr)
+      call.cumulative_local_expert_recv_stats[le] += static_cast<int32_t>(acc);
   }
 
   std::vector<uint32_t> seen(static_cast<size_t>(R) * E_loc, 0);
@@ -328,21 +330,21 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
         }
         ++seen[static_cast<size_t>(src) * E_loc + le];
         const int64_t row = begin[static_cast<size_t>(src) * E_loc + le] + r;
-        a.src_info[le * rows + row] = h->src_token_idx;
+        call.src_info[le * rows + row] = h->src_token_idx;
         if (!fp8) {
-          std::memcpy(static_cast<uint16_t*>(a.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H) * 2);
+          std::memcpy(static_cast<uint16_t*>(call.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H) * 2);
           continue;
         }
-        std::memcpy(static_cast<uint8_t*>(a.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H));
+        std::memcpy(static_cast<uint8_t*>(call.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H));
         const auto* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
-        if (a.mode.use_ue8m0) {
+        if (call.mode.use_ue8m0) {
           // int32 [E_loc, H/512, R*T]: byte g%4 (little-endian) of word (le, g/4, row) is group g's exponent.
-          auto* packed = static_cast<uint8_t*>(a.recv_scales);
+          auto* packed = static_cast<uint8_t*>(call.recv_scales);
           for (int g = 0; g < num_scales; ++g) {
             packed[((le * num_packed + g / 4) * rows + row) * 4 + g % 4] = Ue8m0FromScaleInv(scales[g]);
           }
         } else {
-          auto* out = static_cast<float*>(a.recv_scales);
+          auto* out = static_cast<float*>(call.recv_scales);
           for (int g = 0; g < num_scales; ++g) out[(le * num_scales + g) * rows + row] = scales[g];
         }
       }
@@ -359,6 +361,7 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
 
 bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
   const protocol::LlLayout& L = ctx.layout;
+  const protocol::CombineCall& call = *a.call;
   const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
   const int E_loc = L.shape.num_local_experts();
   const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
@@ -366,16 +369,16 @@ bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
     const HostPeer& peer = ctx.peers[d];
     int64_t pos = 0;
     for (int le = 0; le < E_loc; ++le) {
-      const int64_t lr = a.layout_range[static_cast<size_t>(le) * R + d];
+      const int64_t lr = call.layout_range[static_cast<size_t>(le) * R + d];
       const int64_t c = protocol::LayoutRangeCount(lr), b = protocol::LayoutRangeBegin(lr);
       if (c == 0) continue;
       for (int64_t i = 0; i < c; ++i) {
-        const uint8_t* src_row = a.x != nullptr ? reinterpret_cast<const uint8_t*>(a.x + (le * rows + b + i) * H)
-                                                : ctx.local_base + L.CombineSendOffset(half, le, b + i);
+        const uint8_t* src_row = !call.zero_copy ? reinterpret_cast<const uint8_t*>(call.x + (le * rows + b + i) * H)
+                                                 : ctx.local_base + L.CombineSendOffset(half, le, b + i);
         if (peer.direct_base != nullptr) {
           std::memcpy(peer.direct_base + L.CombineRecvOffset(half, ctx.rank, pos + i), src_row,
                       static_cast<size_t>(row_bytes));
-        } else if (a.x != nullptr) {
+        } else if (!call.zero_copy) {
           std::memcpy(ctx.local_base + L.CombineSendOffset(half, le, b + i), src_row, static_cast<size_t>(row_bytes));
         }
       }
@@ -399,6 +402,7 @@ bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
 
 void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a) {
   const protocol::LlLayout& L = ctx.layout;
+  const protocol::CombineCall& call = *a.call;
   const int half = protocol::HalfOfSeq(a.seq), H = L.shape.hidden;
   const RoutePlan& plan = *a.plan;
   std::vector<float> acc(static_cast<size_t>(H));
@@ -407,12 +411,12 @@ void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a) {
     for (int k = 0; k < plan.num_topk; ++k) {
       const RouteEntry& e = plan.at(t, k);
       if (e.dst_rank < 0) continue;
-      const float w = a.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
+      const float w = call.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
       const auto* row =
           reinterpret_cast<const uint16_t*>(ctx.local_base + L.CombineRecvOffset(half, e.dst_rank, e.pos));
       AccumulateWeightedRow(acc.data(), row, w, H);
     }
-    uint16_t* out = a.out + static_cast<size_t>(t) * H;
+    uint16_t* out = call.out + static_cast<size_t>(t) * H;
     for (int c = 0; c < H; ++c) out[c] = FloatToBf16(acc[c]);
   }
 }

@@ -14,6 +14,7 @@
 
 #include "kernels/host/route_plan.h"
 #include "runtime/protocol/fifo_ring.h"
+#include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_layout.h"
 
 namespace llep::kernels {
@@ -31,11 +32,11 @@ struct HostRankContext {
   const HostPeer* peers = nullptr;  ///< [num_ranks]
 };
 
+// Each phase reads the call as the caller described it (runtime/protocol/ll_call.h) plus what the runtime adds.
 struct DispatchSendArgs {
-  const uint16_t* x = nullptr;  ///< bf16 [num_tokens, H], row-major.
-  const RoutePlan* plan = nullptr;
-  protocol::DispatchMode mode;
-  uint32_t seq = 0;  ///< Call sequence number; picks the half.
+  const protocol::DispatchCall* call = nullptr;  ///< x and mode are read
+  const RoutePlan* plan = nullptr;               ///< of call->topk_idx
+  uint32_t seq = 0;                              ///< Call sequence number; picks the half.
 };
 
 /// Quantises each routed token once, builds the route blocks and delivers both to every destination.
@@ -43,15 +44,9 @@ struct DispatchSendArgs {
 bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a);
 
 struct DispatchRecvArgs {
-  protocol::DispatchMode mode;
+  const protocol::DispatchCall* call = nullptr;  ///< mode and the outputs (recv_x ... statistics) are used
   uint32_t seq = 0;
   const uint32_t* tokens_from_src = nullptr;  ///< [R] value of each source's signal word.
-  void* recv_x = nullptr;                     ///< fp8: uint8 [E_loc, R*T, H]; bf16: uint16 [E_loc, R*T, H]
-  void* recv_scales = nullptr;                ///< fp8: float [E_loc, H/128, R*T]; ue8m0: int32 [E_loc, H/512, R*T]
-  int32_t* recv_count = nullptr;              ///< [E_loc]
-  int32_t* src_info = nullptr;                ///< [E_loc, R*T]
-  int64_t* layout_range = nullptr;            ///< [E_loc, R]: protocol::PackLayoutRange words
-  int32_t* cumulative_local_expert_recv_stats = nullptr;  ///< optional [E_loc], accumulated
 };
 
 /// Unpacks all sources' messages (their signals must have been observed) into the packed layout:
@@ -60,8 +55,8 @@ struct DispatchRecvArgs {
 std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs& a);
 
 struct CombineSendArgs {
-  const uint16_t* x = nullptr;  ///< bf16 [E_loc, R*T, H]; null = zero-copy: rows already in c_send of this half.
-  const int64_t* layout_range = nullptr;  ///< [E_loc, R] from the dispatch handle (validated by the caller).
+  const protocol::CombineCall* call = nullptr;  ///< x (unless zero_copy: rows already in c_send of this half) and
+                                                ///< layout_range (validated by the caller) are read
   uint32_t seq = 0;
 };
 
@@ -69,10 +64,9 @@ struct CombineSendArgs {
 bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a);
 
 struct CombineRecvArgs {
-  const RoutePlan* plan = nullptr;
-  const float* topk_weights = nullptr;  ///< [num_tokens, K]
+  const protocol::CombineCall* call = nullptr;  ///< topk_weights and out are used
+  const RoutePlan* plan = nullptr;              ///< of call->topk_idx
   uint32_t seq = 0;
-  uint16_t* out = nullptr;  ///< bf16 [num_tokens, H]
 };
 
 /// out[t] = bf16(sum_k w[t][k] * row(t, k)) accumulated with fmaf in fp32 in top-k order, -1 slots skipped.

@@ -53,6 +53,13 @@ Inputs Random(const LlShape& s, int n, int k, std::mt19937* rng) {
   return in;
 }
 
+protocol::DispatchCall SendCall(const uint16_t* x, protocol::DispatchMode mode) {
+  protocol::DispatchCall c;
+  c.x = x;
+  c.mode = mode;
+  return c;
+}
+
 TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   const LlShape s{8, 256, 8, 4};
   const int K = 3, E_loc = 2;
@@ -65,7 +72,8 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   for (int r = 0; r < s.num_ranks; ++r) {
     in.push_back(Random(s, 5 + r, K, &rng));
     BuildRoutePlan(s, in[r].topk.data(), 5 + r, K, &plans[r]);
-    ASSERT_TRUE(DispatchSendHost(w.Ctx(r), {in[r].x.data(), &plans[r], mode, 1}));
+    const protocol::DispatchCall call = SendCall(in[r].x.data(), mode);
+    ASSERT_TRUE(DispatchSendHost(w.Ctx(r), {&call, &plans[r], 1}));
   }
   std::vector<std::vector<uint16_t>> recv_x(s.num_ranks, std::vector<uint16_t>(E_loc * rows * s.hidden));
   std::vector<std::vector<int64_t>> lr(s.num_ranks, std::vector<int64_t>(E_loc * s.num_ranks));
@@ -79,15 +87,13 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
       EXPECT_EQ(tokens[src], static_cast<uint32_t>(plans[src].tokens_per_dst[me]));
     }
     std::vector<int32_t> count(E_loc), src_info(E_loc * rows);
-    DispatchRecvArgs a;
-    a.mode = mode;
-    a.seq = 1;
-    a.tokens_from_src = tokens.data();
-    a.recv_x = recv_x[me].data();
-    a.recv_count = count.data();
-    a.src_info = src_info.data();
-    a.layout_range = lr[me].data();
-    ASSERT_EQ(DispatchRecvHost(w.Ctx(me), a), "");
+    protocol::DispatchCall call;
+    call.mode = mode;
+    call.recv_x = recv_x[me].data();
+    call.recv_count = count.data();
+    call.src_info = src_info.data();
+    call.layout_range = lr[me].data();
+    ASSERT_EQ(DispatchRecvHost(w.Ctx(me), {&call, 1, tokens.data()}), "");
     // Every valid row holds exactly the source token it names.
     for (int le = 0; le < E_loc; ++le) {
       for (int src = 0; src < s.num_ranks; ++src) {
@@ -105,12 +111,18 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   }
   // Identity experts: combine must return sum_k w * x in top-k order, rounded once to bf16.
   for (int r = 0; r < s.num_ranks; ++r) {
-    ASSERT_TRUE(CombineSendHost(w.Ctx(r), {recv_x[r].data(), lr[r].data(), 2}));
+    protocol::CombineCall call;
+    call.x = recv_x[r].data();
+    call.layout_range = lr[r].data();
+    ASSERT_TRUE(CombineSendHost(w.Ctx(r), {&call, 2}));
   }
   for (int r = 0; r < s.num_ranks; ++r) {
     const int n = 5 + r;
     std::vector<uint16_t> out(n * s.hidden, 0xFFFF);
-    CombineRecvHost(w.Ctx(r), {&plans[r], in[r].w.data(), 2, out.data()});
+    protocol::CombineCall call;
+    call.topk_weights = in[r].w.data();
+    call.out = out.data();
+    CombineRecvHost(w.Ctx(r), {&call, &plans[r], 2});
     for (int t = 0; t < n; ++t) {
       for (int c = 0; c < s.hidden; ++c) {
         float acc = 0;
@@ -131,7 +143,8 @@ TEST(LlHostTest, OverwrittenMessageIsReported) {
   const std::vector<uint16_t> x(2 * 128, FloatToBf16(1.0f));
   RoutePlan plan;
   BuildRoutePlan(s, topk, 2, 1, &plan);
-  ASSERT_TRUE(DispatchSendHost(w.Ctx(0), {x.data(), &plan, {false, false, false}, 3}));
+  const protocol::DispatchCall send = SendCall(x.data(), {false, false, false});
+  ASSERT_TRUE(DispatchSendHost(w.Ctx(0), {&send, &plan, 3}));
   // Rank 1 got token 0; pretend a later call (seq 5, same half) overwrote the header before it was read.
   auto* h = reinterpret_cast<protocol::DispatchTokenHeader*>(
       w.regions[1].get() + w.layout.RouteHeaderOffset(w.layout.RouteRecvOffset(1, 0), 0));
@@ -141,15 +154,12 @@ TEST(LlHostTest, OverwrittenMessageIsReported) {
   std::vector<uint16_t> recv_x(1 * 16 * 128);
   std::vector<int32_t> count(1), src_info(16);
   std::vector<int64_t> lr(4);
-  DispatchRecvArgs a;
-  a.mode = {false, false, false};
-  a.seq = 3;
-  a.tokens_from_src = tokens.data();
-  a.recv_x = recv_x.data();
-  a.recv_count = count.data();
-  a.src_info = src_info.data();
-  a.layout_range = lr.data();
-  EXPECT_NE(DispatchRecvHost(w.Ctx(1), a).find("sequence 5 != 3"), std::string::npos);
+  protocol::DispatchCall call;
+  call.recv_x = recv_x.data();
+  call.recv_count = count.data();
+  call.src_info = src_info.data();
+  call.layout_range = lr.data();
+  EXPECT_NE(DispatchRecvHost(w.Ctx(1), {&call, 3, tokens.data()}).find("sequence 5 != 3"), std::string::npos);
 }
 
 TEST(LlHostTest, ProxiedPeerGetsCoalescedCommands) {
@@ -167,7 +177,8 @@ TEST(LlHostTest, ProxiedPeerGetsCoalescedCommands) {
   RoutePlan plan;
   BuildRoutePlan(s, topk, 8, 2, &plan);
   const protocol::DispatchMode fp8{true, false, false};
-  ASSERT_TRUE(DispatchSendHost(w.Ctx(0), {x.data(), &plan, fp8, 1}));
+  const protocol::DispatchCall call = SendCall(x.data(), fp8);
+  ASSERT_TRUE(DispatchSendHost(w.Ctx(0), {&call, &plan, 1}));
   ASSERT_EQ(head, 4u);  // route block, payload run t0..t5, payload t7, signal
   protocol::FifoCmdFields f[4];
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(protocol::DecodeCmd(ring[i], &f[i]));

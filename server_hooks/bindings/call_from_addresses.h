@@ -1,12 +1,14 @@
-// DispatchCall / CombineCall from the integer addresses llep/buffer.py passes (tensors never cross as torch
-// objects). Layer: server_hooks/bindings. One definition for the CPU and the GPU buffer bindings, whose dispatch /
-// combine / receive methods take the same arguments (the CPU backend ignores the stream handle), so llep/buffer.py
-// has one call path for both.
+// The one native entry point of a call: DispatchCall / CombineCall (runtime/protocol/ll_call.h) built from the
+// integer addresses llep/buffer.py passes (tensors never cross as torch objects), bound once for both backends
+// (DefCallMethods), so their dispatch / combine methods take the same arguments (the CPU backend ignores the stream
+// handle) and llep/buffer.py has one call path. Layer: server_hooks/bindings.
 #pragma once
+
+#include <pybind11/pybind11.h>
 
 #include <cstdint>
 
-#include "runtime/ll_calls.h"
+#include "runtime/protocol/ll_call.h"
 
 namespace llep::bindings {
 
@@ -49,6 +51,30 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
   c.out = Ptr<uint16_t>(out);
   c.wait_recv_cost_stats = Ptr<int64_t>(wait_stats);
   return c;
+}
+
+/// Defines `dispatch` and `combine` on a buffer binding whose Holder has
+///   pybind11::object Dispatch(const DispatchCall&, bool split, uintptr_t stream)
+///   pybind11::object Combine(const CombineCall&, bool split, uintptr_t stream)
+/// (the pending operation when split, the hook's; else None). The positional order is llep/buffer.py's.
+template <typename Holder, typename Class>
+void DefCallMethods(Class& cls) {
+  cls.def("dispatch",
+          [](Holder& h, uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
+             bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count, uintptr_t src_info,
+             uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats, bool split, uintptr_t stream) {
+            return h.Dispatch(DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
+                                                        recv_x, recv_scales, recv_count, src_info, layout_range,
+                                                        cumulative_stats, wait_stats),
+                              split, stream);
+          });
+  cls.def("combine", [](Holder& h, uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
+                        int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split,
+                        uintptr_t stream) {
+    return h.Combine(
+        CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats),
+        split, stream);
+  });
 }
 
 }  // namespace llep::bindings

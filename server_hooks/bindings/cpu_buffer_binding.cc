@@ -31,24 +31,14 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
     Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
-  // The backend interface both bindings share (call_from_addresses.h): dispatch / combine take the call's addresses,
-  // `split` and a stream handle (unused here), and return the pending operation when split (the hook's), else run
-  // the receive phase at once and return None.
-  py::object Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
-                      bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count, uintptr_t src_info,
-                      uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats, bool split,
-                      uintptr_t /*stream*/) {
-    const DispatchCall c =
-        DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
-                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats);
+  // The backend interface both bindings share (call_from_addresses.h DefCallMethods): the pending operation when
+  // split (the hook's), else the receive phase runs at once and the result is None. The stream handle is unused here.
+  py::object Dispatch(const DispatchCall& c, bool split, uintptr_t /*stream*/) {
     CpuBuffer* buf = Live();
     return SendThenMaybeReceive([&] { return buf->DispatchSend(c); }, split);
   }
 
-  py::object Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens, int num_topk,
-                     uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split, uintptr_t /*stream*/) {
-    const CombineCall c =
-        CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats);
+  py::object Combine(const CombineCall& c, bool split, uintptr_t /*stream*/) {
     CpuBuffer* buf = Live();
     return SendThenMaybeReceive([&] { return buf->CombineSend(c); }, split);
   }
@@ -105,11 +95,10 @@ void BindCpuBuffer(py::module_& m) {
       .def_property_readonly("seq", &PendingOp::seq);
   py::class_<PyCpuBuffer> c(m, "CpuBuffer", "One rank of the CPU backend (runtime/cpu_buffer.h).");
   BindMetricsMethods<PyCpuBuffer>(c);
+  DefCallMethods<PyCpuBuffer>(c);
   c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool>(), py::arg("T"),
         py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
         py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true)
-      .def("dispatch", &PyCpuBuffer::Dispatch)
-      .def("combine", &PyCpuBuffer::Combine)
       .def("receive", &PyCpuBuffer::Receive)
       .def("next_combine_buffer", &PyCpuBuffer::NextCombineBuffer)
       .def_property_readonly("combine_row_stride", &PyCpuBuffer::combine_row_stride)

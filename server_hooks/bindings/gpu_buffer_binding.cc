@@ -39,20 +39,11 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
 
   // The backend interface both bindings share (call_from_addresses.h): the pending operation when split (the
   // hook's), else None (nothing to hold: the receive phase is queued in the same launch).
-  py::object Dispatch(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
-                      bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count, uintptr_t src_info,
-                      uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats, bool split,
-                      uintptr_t stream) {
-    const DispatchCall c =
-        DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
-                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats);
+  py::object Dispatch(const DispatchCall& c, bool split, uintptr_t stream) {
     return Pending(Live()->Dispatch(c, split, Stream(stream)), split);
   }
 
-  py::object Combine(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens, int num_topk,
-                     uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split, uintptr_t stream) {
-    const CombineCall c =
-        CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats);
+  py::object Combine(const CombineCall& c, bool split, uintptr_t stream) {
     return Pending(Live()->Combine(c, split, Stream(stream)), split);
   }
 
@@ -113,6 +104,7 @@ void BindGpuBuffer(py::module_& m) {
   py::class_<PyGpuBuffer> c(m, "GpuBuffer",
                             "One rank of the GPU backend: NVLink and proxy peers (runtime/gpu_buffer.h).");
   BindMetricsMethods<PyGpuBuffer>(c);
+  DefCallMethods<PyGpuBuffer>(c);
   c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool, int, std::string, int>(),
         py::arg("T"), py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"),
         py::arg("device"), py::arg("timeout_s"), py::arg("num_ctas"), py::arg("kernel_trace") = false,
@@ -123,8 +115,6 @@ void BindGpuBuffer(py::module_& m) {
            "The proxy's transport and counters (commands, writes_posted, bytes_posted, immediates); zeros and an "
            "empty transport when every peer is reached over NVLink.")
       .def("flush_metrics", &PyGpuBuffer::FlushMetrics)
-      .def("dispatch", &PyGpuBuffer::Dispatch)
-      .def("combine", &PyGpuBuffer::Combine)
       .def("receive", &PyGpuBuffer::Receive)
       .def("check_errors", &PyGpuBuffer::CheckErrors)
       .def("next_combine_buffer", &PyGpuBuffer::NextCombineBuffer)

@@ -1,5 +1,8 @@
-// The arguments of one low-latency dispatch or combine, shared by the CPU backend (cpu_buffer.h) and the GPU
-// backend (gpu_buffer.h): host pointers for the one, device pointers for the other. Layer: runtime.
+// The arguments of one low-latency dispatch or combine, defined once: the Python bindings build them
+// (server_hooks/bindings/call_from_addresses.h), the runtime validates them (runtime/validate.h), the CPU backend's
+// phases (kernels/host/ll_host.h) read them and the GPU kernels' parameter blocks (kernels/cuda/ll_kernels.h)
+// extend them. Host pointers for the CPU backend, device pointers for the GPU one. Adding an argument is one field
+// here, its binding and its use. Layer: runtime/protocol (host and device).
 // Shapes are DeepEP's low_latency_dispatch / low_latency_combine ones; all tensors row-major and contiguous.
 #pragma once
 
@@ -7,7 +10,7 @@
 
 #include "runtime/protocol/ll_shape.h"
 
-namespace llep {
+namespace llep::protocol {
 
 /// Inputs and outputs of one dispatch (shapes as DeepEP's low_latency_dispatch; all row-major, contiguous).
 struct DispatchCall {
@@ -15,7 +18,7 @@ struct DispatchCall {
   const int64_t* topk_idx = nullptr;  ///< [num_tokens, num_topk], -1 = no expert
   int num_tokens = 0;
   int num_topk = 0;
-  protocol::DispatchMode mode;
+  DispatchMode mode;
   // Outputs, written by the receive phase (must stay alive until Receive returns):
   void* recv_x = nullptr;           ///< fp8: uint8 [E/R, R*T, H]; bf16: uint16 [E/R, R*T, H]
   void* recv_scales = nullptr;      ///< fp8: float [E/R, H/128, R*T]; ue8m0: int32 [E/R, H/512, R*T]
@@ -39,4 +42,10 @@ struct CombineCall {
   int64_t* wait_recv_cost_stats = nullptr;  ///< optional [R], ns, accumulated
 };
 
+}  // namespace llep::protocol
+
+namespace llep {
+// The runtime and the bindings name them without the namespace.
+using protocol::CombineCall;
+using protocol::DispatchCall;
 }  // namespace llep
