@@ -106,3 +106,19 @@ def test_gpu_backend_without_gpu_is_a_clear_error():
     # The GPU runtime must fail with a typed error naming the CUDA call, not crash or hang (CI has no GPU).
     with pytest.raises(llep.LlepError, match='cuda'):
         llep._llep.GpuBuffer(8, 2048, 16, 1, 0, lambda blob: [blob], 0, 5.0, 0)
+
+
+def test_options_come_from_the_native_reader(monkeypatch):
+    # One read site per LLEP_* option (runtime/base/env.h); Python only receives them.
+    for name in llep._llep.OPTION_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    o = llep._llep.read_options()
+    assert (o['backend'], o['timeout_s'], o['proxy_threads'], o['metrics'], o['metrics_port']) == ('', 30.0, 1, True, -1)
+    monkeypatch.setenv('LLEP_TIMEOUT_S', '2.5')
+    monkeypatch.setenv('LLEP_BACKEND', 'cpu')
+    monkeypatch.setenv('LLEP_METRICS', '0')
+    o = llep._llep.read_options()
+    assert (o['backend'], o['timeout_s'], o['metrics']) == ('cpu', 2.5, False)
+    monkeypatch.setenv('LLEP_TIMEOUT_S', 'soon')
+    with pytest.raises(llep.LlepInvalidArgumentError, match="LLEP_TIMEOUT_S='soon'"):
+        llep._llep.read_options()
