@@ -12,9 +12,7 @@ include the host's launch cost, which is what graphs remove. Medians over --iter
 maximum over ranks. One process per GPU. Prints a table last; --json writes all numbers.
 """
 import argparse
-import datetime
 import json
-import socket
 import statistics
 import sys
 
@@ -24,15 +22,11 @@ import torch.multiprocessing as mp
 
 import llep
 from llep.graph_capture import DecodeGraphs, moe_step, moe_step_two_microbatches
+from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K, INTER, T_MAX = 7168, 256, 8, 2048, 128
 SIZES = (1, 32, 128)
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _median_us(fn, iters):
@@ -47,8 +41,7 @@ def _median_us(fn, iters):
 
 def _worker(rank, R, port, iters, out_path):
     torch.cuda.set_device(rank)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
-                            timeout=datetime.timedelta(seconds=300))
+    init_gloo(rank, R, port, 300)
     dev = torch.device('cuda', rank)
     buf = llep.Buffer(dist.group.WORLD, low_latency_mode=True, explicitly_destroy=True)
     buf.backend = 'cuda'
@@ -131,7 +124,7 @@ def main():
     if R < 2 or R > torch.cuda.device_count():
         print(f'decode_step_bench: needs 2..{torch.cuda.device_count()} ranks, one GPU each')
         return 1
-    mp.spawn(_worker, args=(R, _free_port(), args.iters, args.json), nprocs=R, join=True)
+    mp.spawn(_worker, args=(R, free_port(), args.iters, args.json), nprocs=R, join=True)
     allres = json.load(open(args.json))
     cols = ('gemm', 'eager', 'graph', 'eager_two_mb', 'graph_two_mb')
     print(f'decode step on {R} GPUs, median us per step (max over ranks); hidden {H}, top-{K}, {E} experts, '

@@ -4,14 +4,14 @@ waits for the device, medians of --iters of each step alone: the output allocati
 addresses, the whole Python call; for llep and, when importable, DeepEP's whole calls. Run on a GPU machine:
     PYTHONPATH=build-gpu/python python3 bench/host_path_breakdown.py [--tokens 8]"""
 import argparse
-import datetime
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
+
+from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 
@@ -33,11 +33,7 @@ def main():
     ap.add_argument('--tokens', type=int, default=8)
     ap.add_argument('--iters', type=int, default=300)
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    init_gloo(0, 1, free_port(), 60)
     import llep
     dev = torch.device('cuda', 0)
     T = args.tokens

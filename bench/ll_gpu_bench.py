@@ -14,11 +14,9 @@ the step):
 counts) so a broken kernel cannot produce a fast number. Prints a table last; --json writes all numbers.
 """
 import argparse
-import datetime
 import faulthandler
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -29,14 +27,10 @@ import torch.multiprocessing as mp
 
 import llep
 from kernel_times import kernel_times
+from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _time(fn, iters, n_events):
@@ -246,8 +240,7 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines, proxy):
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '240')), exit=True)
     torch.cuda.set_device(rank)
     dev = torch.device('cuda', rank)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
-                            timeout=datetime.timedelta(seconds=120))
+    init_gloo(rank, R, port, 120)
     group = dist.group.WORLD
 
     def say(msg):
@@ -358,7 +351,7 @@ def main():
     if R < 2:
         print(f'll_gpu_bench: needs at least 2 GPUs, found {torch.cuda.device_count()}')
         return 1
-    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, args.json, args.num_ctas,
+    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.iters, args.json, args.num_ctas,
                             not args.no_baselines, not args.no_proxy), nprocs=R, join=True)
     return 0
 

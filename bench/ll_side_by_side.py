@@ -24,11 +24,9 @@ share GPUs: the protocol runs, the times do not mean anything (the table says so
 --json PATH (all numbers) and a PNG plot of eager and graph round trips vs T beside it (PATH with .png).
 """
 import argparse
-import datetime
 import faulthandler
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -38,17 +36,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kernel_times import kernel_times  # bench/kernel_times.py
+from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
 COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'cpu_d', 'cpu_c', 'cpu_d_dd',
            'cpu_c_dd')
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _t_max(T, R):
@@ -223,8 +217,7 @@ def _worker(rank, R, port, Ts, iters, systems, json_path):
     ngpu = torch.cuda.device_count()
     torch.cuda.set_device(rank % ngpu)
     dev = torch.device('cuda', rank % ngpu)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
-                            timeout=datetime.timedelta(seconds=300))
+    init_gloo(rank, R, port, 300)
     group = dist.group.WORLD
     T_top = max(_t_max(T, R) for T in Ts)
     rows = {T: {'T': T, 'T_max': _t_max(T, R), 'deepep_refuses_T': _t_max(T, R) != T} for T in Ts}
@@ -340,7 +333,7 @@ def main():
     os.environ.setdefault('NCCL_NVLS_ENABLE', '0')
     os.environ.setdefault('TORCH_SYMM_MEM_DISABLE_MULTICAST', '1')
     os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
-    mp.spawn(_worker, args=(R, _free_port(), args.tokens, args.iters, systems, args.json), nprocs=R, join=True)
+    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.iters, systems, args.json), nprocs=R, join=True)
     return 0
 
 

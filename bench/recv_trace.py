@@ -8,9 +8,7 @@ state is read), and the profiler's duration of the same receive kernel, so the p
   LLEP_KERNEL_TRACE is set by this script. Usage: PYTHONPATH=build-gpu/python python3 bench/recv_trace.py --tokens 1 8
 """
 import argparse
-import datetime
 import os
-import socket
 import statistics
 import sys
 
@@ -19,6 +17,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_times import kernel_times  # bench/kernel_times.py
+from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
@@ -46,11 +45,7 @@ def main():
     args = ap.parse_args()
     os.environ['LLEP_KERNEL_TRACE'] = '1'
     import llep
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    init_gloo(0, 1, free_port(), 60)
     dev = torch.device('cuda', 0)
     torch.cuda.set_device(dev)
     T_top = max(args.tokens)
