@@ -57,11 +57,7 @@ void CpuBuffer::StopProxy() {
 
 absl::StatusOr<std::unique_ptr<CpuBuffer>> CpuBuffer::Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
                                                              const CpuBufferOptions& options) {
-  LLEP_RETURN_IF_ERROR(ValidateShape(shape));
-  if (bootstrap.size() != shape.num_ranks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bootstrap has ", bootstrap.size(), " ranks but the shape says ", shape.num_ranks));
-  }
+  LLEP_RETURN_IF_ERROR(ValidateShapeForGroup(shape, bootstrap.size()));
   if (options.num_proxy_threads < 1) return absl::InvalidArgumentError("num_proxy_threads must be >= 1");
   std::unique_ptr<CpuBuffer> b(new CpuBuffer(protocol::ComputeLlLayout(shape), bootstrap, options));
   LLEP_RETURN_IF_ERROR(b->Init());

@@ -77,11 +77,7 @@ GpuBuffer::~GpuBuffer() { Release(); }
 
 absl::StatusOr<std::unique_ptr<GpuBuffer>> GpuBuffer::Create(const protocol::LlShape& shape, Bootstrap& bootstrap,
                                                              const GpuBufferOptions& options) {
-  LLEP_RETURN_IF_ERROR(ValidateShape(shape));
-  if (bootstrap.size() != shape.num_ranks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bootstrap has ", bootstrap.size(), " ranks but the shape says ", shape.num_ranks));
-  }
+  LLEP_RETURN_IF_ERROR(ValidateShapeForGroup(shape, bootstrap.size()));
   if (options.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("timeout must be positive");
   if (options.num_ctas < 0) return absl::InvalidArgumentError("num_ctas must be >= 0 (0 = one per SM)");
   std::unique_ptr<GpuBuffer> b(new GpuBuffer(protocol::ComputeLlLayout(shape), bootstrap, options));

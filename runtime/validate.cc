@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/protocol/fifo_cmd.h"
 #include "runtime/protocol/ll_layout.h"
 
@@ -43,6 +44,15 @@ absl::Status ValidateShape(const LlShape& s) {
   if (static_cast<uint64_t>(layout.total_bytes) > protocol::kCmdMaxOffset) {
     return absl::ResourceExhaustedError(
         absl::StrCat("buffer of ", layout.total_bytes, " bytes exceeds the 64 GiB reach of proxy command offsets"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateShapeForGroup(const LlShape& s, int bootstrap_size) {
+  LLEP_RETURN_IF_ERROR(ValidateShape(s));
+  if (bootstrap_size != s.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bootstrap has ", bootstrap_size, " ranks but the shape says ", s.num_ranks));
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,8 @@ namespace llep {
 /// Shape limits (protocol/ll_shape.h), divisibility (H % 128, E % R, (R*T) % 4 like DeepEP for TMA-aligned
 /// scale columns) and the region size reachable by FIFO offsets.
 absl::Status ValidateShape(const protocol::LlShape& shape);
+/// ValidateShape, and the bootstrap's rank count is the shape's: what every buffer's Create checks first.
+absl::Status ValidateShapeForGroup(const protocol::LlShape& shape, int bootstrap_size);
 
 /// use_ue8m0 needs round_scale, round_scale needs use_fp8, UE8M0 packing needs H % 512 == 0.
 absl::Status ValidateDispatchMode(const protocol::LlShape& shape, const protocol::DispatchMode& mode);

@@ -19,6 +19,9 @@ void ExpectInvalid(const absl::Status& s, const char* fragment) {
 
 TEST(ValidateTest, Shapes) {
   EXPECT_TRUE(ValidateShape({128, 7168, 256, 4}).ok());
+  EXPECT_TRUE(ValidateShapeForGroup({128, 7168, 256, 4}, 4).ok());
+  ExpectInvalid(ValidateShapeForGroup({128, 7168, 256, 4}, 2), "bootstrap has 2 ranks but the shape says 4");
+  ExpectInvalid(ValidateShapeForGroup({128, 7000, 256, 4}, 4), "hidden");
   ExpectInvalid(ValidateShape({128, 7000, 256, 4}), "hidden must be a positive multiple of 128");
   ExpectInvalid(ValidateShape({128, 0, 256, 4}), "hidden");
   ExpectInvalid(ValidateShape({128, 7168, 250, 4}), "divisible by num_ranks");
