@@ -279,7 +279,10 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
 absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
   const int R = layout_.shape.num_ranks;
   std::string transport = options_.transport;
-  LLEP_ASSIGN_OR_RETURN(const base::Options env, base::ReadOptions());
+  // A malformed option is this rank's setup error, reported through the exchange below like any other: returning
+  // before it would leave the other ranks waiting in the allgather.
+  const absl::StatusOr<base::Options> read = base::ReadOptions();
+  const base::Options env = read.ok() ? *read : base::Options{};
   if (transport.empty()) transport = env.fabric_provider;
   if (transport.empty()) {
     // Virtual nodes of one host talk through shared memory; real nodes through the first RDMA provider present.
@@ -298,7 +301,7 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
   const int threads = options_.num_proxy_threads > 0 ? options_.num_proxy_threads : 1;
   std::vector<std::unique_ptr<proxy::Transport>> transports;
   std::vector<std::string> fields = {"", transport};  // [error or empty, transport name, one blob per thread]
-  absl::Status s = before;
+  absl::Status s = before.ok() ? read.status() : before;
   if (s.ok()) {
     s = [&]() -> absl::Status {
       if (static_cast<uint64_t>(layout_.total_bytes) > protocol::kCmdMaxOffset) {
