@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "kernels/cuda/ll_kernels.h"
 #include "proxy/proxy.h"
+#include "runtime/base/env.h"
 #include "runtime/bootstrap.h"
 #include "runtime/call_sequence.h"
 #include "runtime/cuda_fifo_ring.h"
@@ -159,6 +160,7 @@ class GpuBuffer {
   protocol::FifoRingHandle* d_fifos_ = nullptr;       // device [R]: ring serving each proxy peer
   proxy::ProxyPtr proxy_;
   std::string transport_name_;
+  absl::StatusOr<base::Options> env_;               // LLEP_* options, read once by Exchange
   uint64_t* d_workspace_ = nullptr;                 // completion counters + flags (ll_kernels.h LlDeviceContext)
   protocol::DeviceErrorRecord* h_error_ = nullptr;  // mapped, pinned host memory
   protocol::DeviceErrorRecord* d_error_ = nullptr;  // its device alias

@@ -158,6 +158,9 @@ absl::Status GpuBuffer::InitLocal() {
 
 absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   const int R = layout_.shape.num_ranks;
+  // The LLEP_* options, read once for the whole setup; an error is reported through the exchanges, never by
+  // returning before one (the other ranks would wait in it).
+  env_ = base::ReadOptions();
   void* p = nullptr;
   RegionBlob mine{};
   mine.ok = local.ok() ? 1 : 0;
@@ -206,9 +209,8 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   int ranks_per_node = options_.ranks_per_node;
   absl::Status split = absl::OkStatus();
   if (ranks_per_node < 0) {
-    absl::StatusOr<int> env = RanksPerNodeFromEnv();
-    split = env.status();
-    ranks_per_node = env.ok() ? *env : 0;
+    split = env_.status();
+    ranks_per_node = env_.ok() ? env_->ranks_per_node : 0;
   }
   // The row travels with this rank's virtual-node size: every rank must split the same way, or one side of a pair
   // would store over NVLink while the other waits for the proxy.
@@ -279,10 +281,7 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
 absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
   const int R = layout_.shape.num_ranks;
   std::string transport = options_.transport;
-  // A malformed option is this rank's setup error, reported through the exchange below like any other: returning
-  // before it would leave the other ranks waiting in the allgather.
-  const absl::StatusOr<base::Options> read = base::ReadOptions();
-  const base::Options env = read.ok() ? *read : base::Options{};
+  const base::Options env = env_.ok() ? *env_ : base::Options{};  // a read error fails s below
   if (transport.empty()) transport = env.fabric_provider;
   if (transport.empty()) {
     // Virtual nodes of one host talk through shared memory; real nodes through the first RDMA provider present.
@@ -301,7 +300,7 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
   const int threads = options_.num_proxy_threads > 0 ? options_.num_proxy_threads : 1;
   std::vector<std::unique_ptr<proxy::Transport>> transports;
   std::vector<std::string> fields = {"", transport};  // [error or empty, transport name, one blob per thread]
-  absl::Status s = before.ok() ? read.status() : before;
+  absl::Status s = before.ok() ? env_.status() : before;
   if (s.ok()) {
     s = [&]() -> absl::Status {
       if (static_cast<uint64_t>(layout_.total_bytes) > protocol::kCmdMaxOffset) {

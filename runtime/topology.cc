@@ -6,8 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "runtime/base/env.h"
-#include "runtime/base/status_macros.h"
 
 namespace llep {
 
@@ -67,11 +65,6 @@ std::string HostIdentity() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
   return absl::StrCat(host, "/", absl::StripAsciiWhitespace(boot));
-}
-
-absl::StatusOr<int> RanksPerNodeFromEnv() {
-  LLEP_ASSIGN_OR_RETURN(const base::Options env, base::ReadOptions());
-  return env.ranks_per_node;
 }
 
 }  // namespace llep

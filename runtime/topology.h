@@ -33,7 +33,4 @@ bool AnyProxyPath(const std::vector<std::vector<PeerPath>>& paths);
 /// machines (or a reused hostname after a reboot) never look like one host.
 std::string HostIdentity();
 
-/// LLEP_RANKS_PER_NODE as a virtual-node size; 0 when unset. Errors for anything but a non-negative integer.
-absl::StatusOr<int> RanksPerNodeFromEnv();
-
 }  // namespace llep
