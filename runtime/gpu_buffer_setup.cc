@@ -112,10 +112,12 @@ absl::Status GpuBuffer::InitLocal() {
   }
   num_ctas_ = std::max(num_ctas_, min_ctas);
   const int64_t smem = std::max(kernels::cuda::DispatchSharedBytes(shape), kernels::cuda::CombineSharedBytes(shape));
-  if (smem > smem_optin) {
+  int64_t static_smem = 0;
+  LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LlKernelsStaticSharedBytes(&static_smem));
+  if (smem + static_smem > smem_optin) {
     return absl::InvalidArgumentError(absl::StrCat("num_experts=", shape.num_experts, " with num_ranks=", R, " needs ",
-                                                   smem, " bytes of shared memory per CTA; device ", device_,
-                                                   " allows ", smem_optin));
+                                                   smem + static_smem, " bytes of shared memory per CTA; device ",
+                                                   device_, " allows ", smem_optin));
   }
   LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::ConfigureLlKernels(smem));
 

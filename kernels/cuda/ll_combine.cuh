@@ -4,6 +4,7 @@
 // namespace): split by phase so a reader can hold each part; the generated code is that of one file.
 #pragma once
 
+#include "kernels/cuda/ll_call_gate.cuh"
 #include "kernels/cuda/ll_routing.cuh"
 
 namespace llep::kernels::cuda {
@@ -11,13 +12,15 @@ namespace {
 
 // ------------------------------------------------------------------------------------------ combine
 
-__device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem) {
+/// The block plan (from the handle's layout_range) is made while the call state is read; the gate opens before the
+/// first row is copied.
+__device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
-  const int half = protocol::HalfOfSeq(seq);
+  uint32_t seq = kSeqPending;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   // Shared: count and begin (row in the expert's packed block) indexed q = le * R + d as layout_range; pos, the
   // same counts indexed d * E_loc + le and scanned (the home rank's receive area holds its blocks in local-expert
@@ -53,6 +56,8 @@ __device__ void CombineSend(const CombineParams& p, uint32_t seq, uint8_t* smem)
   __syncthreads();
   const int total = BlockExclusiveScan(start, E, warp_sums);
   Trace(c, LlOp::kCombine, kTracePlanned);
+  if ((seq = gate.Open()) == 0) return;
+  const int half = protocol::HalfOfSeq(seq);
 
   for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
     const int q = FindBlock(start, E, m), le = q / R, d = q % R, i = m - start[q];
@@ -126,76 +131,156 @@ __device__ __forceinline__ void ReduceChunk(const CombineRecvPlan& rp, int K, in
   }
 }
 
-__device__ void CombineRecv(const CombineParams& p, uint32_t seq, uint8_t* smem) {
-  const LlDeviceContext& c = p.ctx;
-  const protocol::LlLayout& L = c.layout;
-  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
-  const int E = L.shape.num_experts, K = p.num_topk;
-  const int half = protocol::HalfOfSeq(seq);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
-  // Shared: failed, warp sums, got[R] (rows each source announced), routed[R] (rows this rank routed to each
-  // expert rank), expert counts -> exclusive prefix [E], token plans, per-round row plans.
-  int* failed = reinterpret_cast<int*>(smem);
-  int* warp_sums = failed + 4;
-  int* got = warp_sums + kWarps;
-  int* routed = got + R;
-  int* prefix = routed + R;
-  auto* plans = reinterpret_cast<TokenPlan*>(smem + protocol::AlignUp(int64_t{4} * (4 + kWarps + 2 * R + E), 16));
-  auto* rplans = reinterpret_cast<CombineRecvPlan*>(plans + kWarps);
-  auto* scratch = reinterpret_cast<PlanScratch*>(rplans + kWarps);
-
-  // Everything that depends on the routing alone runs before the wait for the expert ranks: the per-expert
-  // counts (a thread per token), the rows routed to each rank, the positions, the first round's token plans.
-  Trace(c, LlOp::kCombine, kTraceRecvStart);
-  if (tid == 0) *failed = 0;
-  for (int g = tid; g < E; g += kThreads) prefix[g] = 0;
+/// The combine receive's plan of one round (tokens first_t + w * stride, w < n; a CTA-wide call): out[w].id[k] is
+/// slot k's validated expert (-1 = none) and out[w].row[k] the row's position in the area its expert rank d returns
+/// rows into, i.e. how many selections of this rank's tokens routed to d come before it in the order d returns them:
+/// local expert by local expert, tokens in order within one (CombineSend's blocks, the dispatch's packed layout).
+/// PlanRound's method over all T tokens instead of the earlier ones: every thread takes a token t' (its keys, a
+/// repeated id dropped as the validation rule does) and counts its selections on the slot's rank with a lower local
+/// expert, or the same one when t' is earlier; the counts meet through warp reductions and shared atomics. This
+/// replaces a per-expert histogram over E and its scan (2.9 us of a 12 us receive at T=1, bench/RESULTS.md) and
+/// loads topk_idx once per round.
+template <int kMaxK>
+__device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, int num_tokens, int first_t, int stride,
+                                 int n, int K, uint32_t seq, PlanScratch* sc, TokenPlan* out) {
+  if (n == 0) return;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int E = c.layout.shape.num_experts, E_loc = c.layout.shape.num_local_experts();
+  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
+    const int64_t* r = topk + static_cast<int64_t>(tp) * K;
+    int64_t v[kMaxK];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) v[j] = (tp < num_tokens && j < K) ? r[j] : -1;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      q[j] = RouteKey(v[j], E, E_loc);
+      bool repeated = false;
+#pragma unroll
+      for (int i = 0; i < j; ++i) repeated |= q[i] == q[j];
+      if (repeated) q[j] = kNoKey;
+    }
+  };
+  uint32_t q[kMaxK];
+  load_row(tid, q);  // issued before the planned tokens' own loads: both are in flight together
+  if (warp < n) {
+    const int id = WarpTokenExpert(c, topk, first_t + warp * stride, K, LlOp::kCombine, seq);
+    if (lane < kK) {
+      sc->key[warp][lane] = RouteKey(id, E, E_loc);
+      sc->row[warp][lane] = 0;
+      out[warp].id[lane] = id;
+    }
+  }
   __syncthreads();
-  for (int t = tid; t < p.num_tokens; t += kThreads) {
-    WithTokenIds(c, p.topk_idx, t, K, LlOp::kCombine, seq, [&](const auto& ids) {
+  for (int base = 0; base < num_tokens; base += kThreads) {
+    const int tp = base + tid;
+    if (base > 0) load_row(tp, q);
+    for (int w = 0; w < n; ++w) {
+      const bool earlier = tp < first_t + w * stride;
+      // Not unrolled: a receive runs this once per launch, and its cost at small T was instruction fetch (recv_trace:
+      // 6 us in the one CTA that plans a token, unrolled over the slots).
+#pragma unroll 1
+      for (int k = 0; k < K; ++k) {
+        const uint32_t key = sc->key[w][k];
+        if (key == kNoKey) continue;  // uniform over the CTA
+        int before = 0;
+#pragma unroll
+        for (int j = 0; j < kMaxK; ++j) {
+          const bool same_rank = q[j] != kNoKey && (q[j] >> 16) == (key >> 16);
+          before += same_rank && (q[j] < key || (q[j] == key && earlier)) ? 1 : 0;
+        }
+        const int r = __reduce_add_sync(kFull, before);
+        if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
+      }
+    }
+  }
+  __syncthreads();
+  if (warp < n && lane < kK) out[warp].row[lane] = sc->row[warp][lane];
+}
+
+/// Rows this rank routed to each rank (validated ids), into routed[R] (zeroed by the caller, then a barrier).
+__device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* routed) {
+  const LlDeviceContext& c = p.ctx;
+  const int E_loc = c.layout.shape.num_local_experts();
+  for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) {
+    WithTokenIds(c, p.topk_idx, t, p.num_topk, LlOp::kCombine, seq, [&](const auto& ids) {
 #pragma unroll
       for (int k = 0; k < Len(ids); ++k) {
-        if (ids[k] >= 0) atomicAdd(&prefix[ids[k]], 1);
+        if (ids[k] >= 0) atomicAdd(&routed[ids[k] / E_loc], 1);
       }
     });
   }
-  __syncthreads();
-  const int routed_total = BlockExclusiveScan(prefix, E, warp_sums);  // experts in [rank][local] order
-  for (int d = tid; d < R; d += kThreads) {
-    routed[d] = (d + 1 < R ? prefix[(d + 1) * E_loc] : routed_total) - prefix[d * E_loc];
-  }
-  Trace(c, LlOp::kCombine, kTraceRecvPlanned);
+}
 
+/// Plans its tokens (PlanCombineRound) and loads their weights while the call state is read, opens the gate, waits
+/// for the expert ranks' signals, then reduces. The last CTA (tokenless when T < G, so off the critical path) also
+/// counts the rows routed to each rank and checks that every expert rank returned exactly those; every CTA checks that
+/// the rows it reads exist.
+__device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+  const LlDeviceContext& c = p.ctx;
+  const protocol::LlLayout& L = c.layout;
+  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int K = p.num_topk;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
+  const bool checks_counts = blockIdx.x == G - 1;
+  // Shared: failed, got[R] (rows each source announced), routed[R] (the checking CTA), token plans, row plans.
+  int* failed = reinterpret_cast<int*>(smem);
+  int* got = failed + 4;
+  int* routed = got + R;
+  auto* plans = reinterpret_cast<TokenPlan*>(smem + protocol::AlignUp(int64_t{4} * (4 + 2 * R), 16));
+  auto* rplans = reinterpret_cast<CombineRecvPlan*>(plans + kWarps);
+  auto* scratch = reinterpret_cast<PlanScratch*>(rplans + kWarps);
+
+  Trace(c, LlOp::kCombine, kTraceRecvStart);
+  uint32_t seq = kSeqPending;
+  if (tid == 0) *failed = 0;
+  const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kCombine);
+  if (checks_counts) {
+    for (int d = tid; d < R; d += kThreads) routed[d] = 0;
+    __syncthreads();
+    CountRoutedRows(p, seq, routed);
+  }
   const int my_tokens = p.num_tokens > static_cast<int>(blockIdx.x) ? (p.num_tokens - blockIdx.x + G - 1) / G : 0;
   for (int round = 0; round < my_tokens || round == 0; round += kWarps) {
     const int n = max(0, min(kWarps, my_tokens - round));
-    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kCombine, seq, scratch, plans);
-    if (warp < n) {
-      const int t = blockIdx.x + (round + warp) * G;
-      __syncwarp();
-      if (lane < K) {
-        const int g = plans[warp].id[lane];
-        const uint8_t* row = nullptr;
-        if (g >= 0) {
-          const int d = g / E_loc;
-          const int pos_in = prefix[g] - prefix[d * E_loc] + plans[warp].row[lane];
-          row = SrcBase(c, d) + L.CombineRecvOffset(half, d, pos_in);
-        }
-        rplans[warp].row[lane] = row;
-        rplans[warp].weight[lane] = p.topk_weights[int64_t{t} * K + lane];
-      }
+    // The weights load before the plan's topk loads, so the two are one round trip, not two (the CTAs that plan a
+    // token spent ~3 us on each at T=1: recv_trace).
+    const float weight =
+        warp < n && lane < K ? p.topk_weights[int64_t{blockIdx.x + (round + warp) * G} * K + lane] : 0.0f;
+    if (K <= 8) {
+      PlanCombineRound<8>(c, p.topk_idx, p.num_tokens, blockIdx.x + round * G, G, n, K, seq, scratch, plans);
+    } else {
+      PlanCombineRound<kK>(c, p.topk_idx, p.num_tokens, blockIdx.x + round * G, G, n, K, seq, scratch, plans);
     }
+    if (warp < n && lane < K) rplans[warp].weight[lane] = weight;
+    __syncthreads();
     if (round == 0) {
+      Trace(c, LlOp::kCombine, kTraceRecvPlanned);
+      if ((seq = gate.Open()) == 0) return;
       // Each expert rank must return exactly the rows this rank routed to it.
-      WaitAllSources(c, LlOp::kCombine, half, seq, L.combine_rows_per_src, p.wait_recv_cost_stats, got, failed);
+      WaitAllSources(c, LlOp::kCombine, protocol::HalfOfSeq(seq), seq, L.combine_rows_per_src, p.wait_recv_cost_stats,
+                     got, failed, peeked);
       __syncthreads();
       Trace(c, LlOp::kCombine, kTraceSignals);
       StampWaitEnd(c, seq);
-      for (int d = tid; d < R; d += kThreads) {
+      for (int d = tid; checks_counts && d < R; d += kThreads) {
         if (!*failed && routed[d] != got[d]) {
           RecordError(c, protocol::kDeviceBadMessage, LlOp::kCombine, d, seq, got[d]);
           *failed = 1;
         }
       }
+    }
+    if (warp < n && lane < K) {
+      const int g = plans[warp].id[lane];
+      const uint8_t* row = nullptr;
+      if (g >= 0) {
+        const int d = g / E_loc, pos = plans[warp].row[lane];
+        if (pos < got[d]) {
+          row = SrcBase(c, d) + L.CombineRecvOffset(protocol::HalfOfSeq(seq), d, pos);
+        } else {  // fewer rows came back than this rank routed (the checking CTA records which rank)
+          *failed = 1;
+        }
+      }
+      rplans[warp].row[lane] = row;
     }
     __syncthreads();
     if (*failed) return;

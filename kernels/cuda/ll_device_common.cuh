@@ -76,7 +76,29 @@ __device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int64_t bytes, int64
 
 // ------------------------------------------------------------------------------------------ errors
 
+/// The `seq` of work a phase does before its call state is known (CallGate::Open, ll_kernels.cu): device sequence
+/// numbers are >= 4 (protocol::DeviceCallSeq), so 1 is never a call.
+constexpr uint32_t kSeqPending = 1;
+
+/// An error found before the call state was known: the CTA keeps the first one and records it with the call's
+/// sequence number once that is known (dropped if the launch turns out refused or aborted: it did nothing).
+struct PendingError {
+  uint32_t code;  ///< 0 = none (thread 0 clears it as the CTA starts)
+  uint32_t op;
+  int32_t peer;
+  int64_t detail;
+};
+__shared__ PendingError g_pending_error;
+
 __device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq, int64_t detail) {
+  if (seq == kSeqPending) {
+    if (atomicCAS(&g_pending_error.code, 0u, code) == 0u) {
+      g_pending_error.op = static_cast<uint32_t>(op);
+      g_pending_error.peer = peer;
+      g_pending_error.detail = detail;
+    }
+    return;
+  }
   const bool fatal = !protocol::DeviceErrorIsRecoverable(code);
   // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
   if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == protocol::kDeviceTimeout && c.metrics != nullptr) {
@@ -177,23 +199,24 @@ __device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t 
   if (threadIdx.x == 0) StampMax(&StampSlot(c, seq).recv_end);
 }
 
-/// Send phase entered (CTA 0, thread 0): the slot now belongs to call `seq`.
-__device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op, uint32_t seq) {
+/// Send phase entered at `now` (CTA 0, thread 0, once the call is known): the slot now belongs to call `seq`.
+__device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op, uint32_t seq, uint64_t now) {
   if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
   OpStamps& st = StampSlot(c, seq);
   st.seq = seq;
   st.op = static_cast<uint32_t>(op);
-  st.send_start = NowNs();
+  st.send_start = now;
   st.state = kStampSent;
 }
 
-/// Receive phase entered (CTA 0, thread 0). A slot that does not hold this call's send stamps (only possible if
-/// more calls were in flight than the ring covers, which the host refuses) is left alone: no latency is invented.
-__device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq) {
+/// Receive phase entered at `now` (CTA 0, thread 0, once the call is known). A slot that does not hold this call's
+/// send stamps (only possible if more calls were in flight than the ring covers, which the host refuses) is left
+/// alone: no latency is invented.
+__device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq, uint64_t now) {
   if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
   OpStamps& st = StampSlot(c, seq);
   if (st.seq != seq || st.state != kStampSent) return;
-  st.recv_start = NowNs();
+  st.recv_start = now;
   st.state = kStampReceiving;
 }
 
@@ -223,11 +246,33 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
   }
 }
 
+/// Signal words a receive-only launch read before it knew its call (PeekSignals): [half][src], NVLink sources < 32.
+constexpr int kMaxPeekedSources = 32;
+__shared__ uint64_t g_peeked_signals[protocol::kNumHalves][kMaxPeekedSources];
+
+/// A receive-only launch usually runs after its send finished on every rank (a hook), so the signals it waits for are
+/// there already, and reading them is a global round trip that need not wait for the call state: warps 13 and 14
+/// (idle while the others plan: work is dealt from warp 0, and warp 15 reads the call state) read the two halves'
+/// signal words of every source, a thread per (half, source) so the acquire loads are in flight together, before
+/// the gate opens. Returns whether they did (every source an NVLink peer, R <= 32); the words are visible to the CTA
+/// after the gate's barrier, and WaitAllSources starts from them.
+__device__ __forceinline__ bool PeekSignals(const LlDeviceContext& c, LlOp op) {
+  const int R = c.layout.shape.num_ranks;
+  if (c.proxy_region != nullptr || R > kMaxPeekedSources) return false;
+  const int lane = threadIdx.x % 32, h = threadIdx.x / 32 - (kWarps - 3);
+  if (h >= 0 && h < protocol::kNumHalves && lane < R) {
+    g_peeked_signals[h][lane] =
+        protocol::LoadAcquireSys(reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(h, op, lane)));
+  }
+  return true;
+}
+
 /// The receive phases' wait: the CTA's threads wait for every source's signal of call `seq`, store each value
 /// (0 on failure) in values[src], set *failed on a timeout, overrun or a value above max_value (recorded), and
-/// CTA 0 adds the waiting time to wait_stats[src] (ns). The caller synchronises the CTA before reading values.
+/// CTA 0 adds the waiting time to wait_stats[src] (ns). With `peeked`, a signal PeekSignals found is not read again.
+/// The caller synchronises the CTA before reading values.
 __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
-                               int64_t* wait_stats, int* values, int* failed) {
+                               int64_t* wait_stats, int* values, int* failed, bool peeked) {
   // Metrics: the last CTA's last thread bins earlier operations' latencies meanwhile, and CTA 0 accounts the waits.
   // The last CTA, because receive work starts at CTA 0 (tokens b, b + G, ...): with T < G it has none, so the
   // binning's dependent loads delay nobody (CTA 0 doing it cost 1.1 us of combine receive at T=1 on 4xH200).
@@ -248,6 +293,8 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
       } else {
         v = WaitSignal(c, mirror, op, src, seq, &waited);
       }
+    } else if (peeked && protocol::SignalSeq(g_peeked_signals[half][src]) == seq) {
+      v = protocol::SignalValue(g_peeked_signals[half][src]);  // the peek's acquire ordered this CTA's later reads
     } else {
       v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)), op, src, seq,
                      &waited);

@@ -4,6 +4,7 @@
 // namespace): split by phase so a reader can hold each part; the generated code is that of one file.
 #pragma once
 
+#include "kernels/cuda/ll_call_gate.cuh"
 #include "kernels/cuda/ll_routing.cuh"
 #include "runtime/protocol/dispatch_msg.h"
 
@@ -51,11 +52,14 @@ __device__ __forceinline__ void EncodeChunk(const DispatchParams& p, ChunkPayloa
   if (p.mode.use_fp8) cp.code = EncodeFp8x16(cp.a, cp.b, p.mode.round_scale, &cp.scale_inv);
 }
 
-__device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* smem) {
+/// Before the first store the gate opens (ll_call_gate.cuh): a counting CTA counts its first destination's routes, a
+/// token CTA loads its first payload chunks and plans its first round while the call state is read.
+__device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
-  const int K = p.num_topk, half = protocol::HalfOfSeq(seq);
+  const int K = p.num_topk;
+  uint32_t seq = kSeqPending;
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   auto* sh = reinterpret_cast<DispatchSendShared*>(smem);
@@ -89,6 +93,8 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
       if (lane == 0 && tokens > 0) atomicAdd(&sh->tokens_to_dst[k_dst], tokens);
     }
     __syncthreads();
+    if ((seq = gate.Open()) == 0) return;
+    const int half = protocol::HalfOfSeq(seq);
     uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
     auto* remote_counts = reinterpret_cast<uint32_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
                                                                         : c.proxy_region + L.RouteSendOffset(half, d));
@@ -117,6 +123,8 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
     PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kDispatch, seq, scratch, sh->plan);
     __syncthreads();
     if (round == 0) Trace(c, LlOp::kDispatch, kTracePlanned);
+    if ((seq = gate.Open()) == 0) return;
+    const int half = protocol::HalfOfSeq(seq);
     for (int item = warp; item < n * (num_chunks + 1); item += kWarps) {
       const int tw = item / (num_chunks + 1), ch = item % (num_chunks + 1);
       const TokenPlan& pl = sh->plan[tw];
@@ -204,7 +212,9 @@ __device__ void DispatchSend(const DispatchParams& p, uint32_t seq, uint8_t* sme
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceCounterDone);
   }
+  if ((seq = gate.Open()) == 0) return;
   k_dst = 0;
+  const int half = protocol::HalfOfSeq(seq);
   for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
     if (tid == 0) PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
   }
@@ -221,13 +231,13 @@ __device__ __forceinline__ void LoadScalePass(const float* scales, int num_scale
   }
 }
 
-__device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* smem) {
+__device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows();
-  const int half = protocol::HalfOfSeq(seq), num_scales = L.shape.num_scales();
+  const int num_scales = L.shape.num_scales();
   const int num_packed = L.shape.num_packed_ue8m0();
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
@@ -240,8 +250,13 @@ __device__ void DispatchRecv(const DispatchParams& p, uint32_t seq, uint8_t* sme
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
   if (tid == 0) *failed = 0;
-  __syncthreads();
-  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_start, failed);  // messages per source
+  const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kDispatch);
+  const uint32_t seq = gate.Open();
+  if (seq == 0) return;
+  __syncthreads();  // *failed is clear (Open has no barrier once open: kPhaseBoth)
+  const int half = protocol::HalfOfSeq(seq);
+  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_start, failed,
+                 peeked);  // messages per source
   __syncthreads();
   Trace(c, LlOp::kDispatch, kTraceSignals);
   StampWaitEnd(c, seq);

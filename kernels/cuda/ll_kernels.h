@@ -58,6 +58,8 @@ enum TracePoint : int {
   kTraceEncoded,        ///< dispatch: warp 0's first payload chunk loaded and encoded (before its stores)
   kTraceFenced,         ///< dispatch: thread 0's system fence after the first round's stores returned
   kTraceEntered,        ///< the CTA started (before the call state): the launch's ramp, for receive-only launches too
+  kTraceOpened,         ///< the gate opened: the call is known to the CTA (ll_call_gate.cuh)
+  kTraceCallRead,       ///< the gate thread has read the call state (while the other warps started the phase)
   kTracePoints = 16,
 };
 
@@ -90,7 +92,8 @@ inline constexpr int kStampSlots = 4;
 /// (DeepEP keeps this parity on the host, so a graph with an odd number of calls corrupts its replays: DeepEP#93).
 /// Only stream-ordered launches of one buffer touch it, all with gridDim.x CTAs.
 ///  - Sequence: every CTA of a launch with a send phase adds 1 to send_ctas as it starts, so old / gridDim.x is the
-///    launch's index n on this buffer and protocol::DeviceCallSeq(n) its sequence number (one atomic per CTA).
+///    launch's index n on this buffer and protocol::DeviceCallSeq(n) its sequence number (one atomic per CTA, read
+///    while the phase's first work runs: kernels/cuda/ll_call_gate.cuh).
 ///  - Pairing a receive launch with its send: the host gives every send a tag that is unique among the sends it
 ///    issued (DispatchParams::call_tag) and bakes the same tag into the receive launch (the hook), in a graph or
 ///    not. A receive launch looks its tag up among the operations sent and not yet received (the older one if a
@@ -191,6 +194,9 @@ int64_t DispatchSharedBytes(const protocol::LlShape& shape);
 int64_t CombineSharedBytes(const protocol::LlShape& shape);
 /// Raises the kernels' dynamic shared-memory limit to `bytes` (call once per device before launching).
 cudaError_t ConfigureLlKernels(int64_t bytes);
+/// The kernels' static shared memory (call state copy, peeked signals, ...), which the dynamic part shares the
+/// per-block limit with.
+cudaError_t LlKernelsStaticSharedBytes(int64_t* bytes);
 
 /// Bins the latencies of every operation whose receive phase has been launched before this call (stream order) into
 /// ctx.metrics: what a metrics snapshot runs first so the last operation's latencies are in it. A no-op when metrics

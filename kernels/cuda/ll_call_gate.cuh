@@ -1,0 +1,214 @@
+// The graph-safe call state of a launch (LlCallState in ll_kernels.h), read while the phase's first work runs.
+// Part of the one translation unit kernels/cuda/ll_kernels.cu (included by the phase parts; each part reopens the same
+// private namespace): split by concern so a reader can hold each part; the generated code is that of one file.
+//
+// Why a gate: which call a launch runs (its sequence number, so its half) is decided on the device by one atomic and
+// two record loads per CTA, a global round trip (~1.5 us per launch on H100, bench/RESULTS.md). Much of a phase
+// does not depend on it: reading topk_idx and the handle, planning tokens and blocks, loading payloads. So one thread
+// of the last warp reads the call state as the CTA starts (CallGate's constructor) while the other warps run that
+// work; the phase opens the gate (CallGate::Open, CTA-wide) before anything that needs the call or that writes
+// outside the CTA: a refused send still writes nothing, and an error found before the gate is opened is recorded
+// with the call's number once it is known (PendingError). (Measured against thread 0 holding the reads in flight in
+// registers, which spilled, and against cp.async copies into shared memory, which the CTA barrier after them waited
+// for: bench/RESULTS.md.)
+#pragma once
+
+#include "kernels/cuda/ll_device_common.cuh"
+
+namespace llep::kernels::cuda {
+namespace {
+
+/// The parts of a call record the rules read (LlCallState), loaded bypassing L1 (earlier launches wrote them, on any
+/// SM). Scalars picked with selects, never an array indexed by a runtime half: that would put them in local memory.
+struct RecordView {
+  unsigned long long sent0, sent1, received0, received1;
+  uint32_t sent_after0, sent_after1;  ///< the launch's op, per half
+  uint32_t newest_received;
+  __device__ unsigned long long sent(int h) const { return h == 0 ? sent0 : sent1; }
+  __device__ unsigned long long received(int h) const { return h == 0 ? received0 : received1; }
+  __device__ uint32_t sent_after(int h) const { return h == 0 ? sent_after0 : sent_after1; }
+};
+
+__device__ __forceinline__ RecordView LoadRecordView(const LlCallRecord* r, LlOp op) {
+  const uint4 sent = __ldcg(reinterpret_cast<const uint4*>(&r->sent[0]));
+  const uint4 received = __ldcg(reinterpret_cast<const uint4*>(&r->received[0]));
+  const uint2 after = __ldcg(reinterpret_cast<const uint2*>(&r->sent_after[static_cast<int>(op)][0]));
+  const auto u64 = [](uint32_t lo, uint32_t hi) { return (static_cast<unsigned long long>(hi) << 32) | lo; };
+  return RecordView{u64(sent.x, sent.y),
+                    u64(sent.z, sent.w),
+                    u64(received.x, received.y),
+                    u64(received.z, received.w),
+                    after.x,
+                    after.y,
+                    __ldcg(&r->newest_received)};
+}
+
+/// record[second] of the two views (selects, see RecordView).
+__device__ __forceinline__ RecordView PickRecord(bool second, const RecordView& a, const RecordView& b) {
+  return RecordView{second ? b.sent0 : a.sent0,
+                    second ? b.sent1 : a.sent1,
+                    second ? b.received0 : a.received0,
+                    second ? b.received1 : a.received1,
+                    second ? b.sent_after0 : a.sent_after0,
+                    second ? b.sent_after1 : a.sent_after1,
+                    second ? b.newest_received : a.newest_received};
+}
+
+/// Loads a whole call record bypassing L1 (TrackSend rewrites it).
+__device__ __forceinline__ LlCallRecord LoadRecord(const LlCallRecord* r) {
+  LlCallRecord v;
+  const uint4* src = reinterpret_cast<const uint4*>(r);
+  uint4* dst = reinterpret_cast<uint4*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) dst[i] = __ldcg(src + i);
+  return v;
+}
+
+/// a is b or a later sequence number.
+__device__ __forceinline__ bool AtOrAfter(uint32_t a, uint32_t b) { return a == b || protocol::SignalIsNewer(a, b); }
+
+/// A launch with a send phase (the gate thread of every CTA): the operation's sequence number, after the in-flight
+/// rules (LlCallState); 0 if a rule refuses the send (CTA 0 records why) or an earlier fatal error aborted the buffer.
+/// *n_out is the launch's index n.
+__device__ uint32_t TakeSendCall(const LlDeviceContext& c, LlOp op, unsigned long long* n_out) {
+  LlCallState* s = c.calls;
+  // Both records and the abort flag load while the atomic is in flight: one round trip.
+  const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
+  const bool aborted = Aborted(c);
+  const unsigned long long n = atomicAdd(&s->send_ctas, 1ull) / gridDim.x;
+  *n_out = n;
+  const uint32_t seq = protocol::DeviceCallSeq(n);
+  const int h = protocol::HalfOfSeq(seq);
+  const RecordView r = PickRecord(h == 1, r0, r1);  // the record before send n is record[n % 2] == record[h]
+  const uint32_t prev = static_cast<uint32_t>(r.sent(h));
+  const uint32_t sent_after = r.sent_after(h);
+  uint32_t code = protocol::kDeviceOk, detail = 0;
+  if (prev != 0 && static_cast<uint32_t>(r.received(h) >> 32) != prev) {
+    code = protocol::kDeviceInFlight;
+    detail = prev;
+  } else if (sent_after != 0 && (r.newest_received == 0 || !AtOrAfter(r.newest_received, sent_after))) {
+    code = protocol::kDeviceRegionBusy;
+    detail = sent_after;
+  }
+  if (code != protocol::kDeviceOk && blockIdx.x == 0) RecordError(c, code, op, -1, seq, detail);
+  return code == protocol::kDeviceOk && !aborted ? seq : 0u;
+}
+
+/// Send n is done (last CTA, thread 0, after its send phase): the record the next send reads, with this send in it
+/// (received at once for kPhaseBoth).
+__device__ void TrackSend(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag, unsigned long long n) {
+  const uint32_t seq = protocol::DeviceCallSeq(n);
+  const int h = protocol::HalfOfSeq(seq);
+  LlCallRecord r = LoadRecord(&c.calls->record[h]);
+  r.sent[h] = PackSent(tag, seq);
+  if (phase == kPhaseBoth) {
+    r.received[h] = PackReceived(seq, kReceivedInLaunch);
+    r.sent_after[static_cast<int>(op)][h] = protocol::DeviceCallSeq(n + 1);
+    if (r.newest_received == 0 || protocol::SignalIsNewer(seq, r.newest_received)) r.newest_received = seq;
+  }
+  c.calls->record[h ^ 1] = r;
+}
+
+/// A receive-only launch (the gate thread of every CTA): the sequence number of the sent, unreceived operation `tag`
+/// names (the older one if two do), marked received by this launch in the record the next send reads; 0 if none does
+/// (protocol::kDeviceBadReceive recorded) or the buffer aborted. See LlCallState for why every CTA reaches the same
+/// answer.
+__device__ uint32_t TakeReceiveCall(const LlDeviceContext& c, LlOp op, uint32_t tag) {
+  LlCallState* s = c.calls;
+  const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
+  const bool aborted = Aborted(c);
+  const unsigned long long next_send = __ldcg(&s->send_ctas) / gridDim.x;  // no send runs during this launch
+  // The receive launch's index, never kReceivedInLaunch.
+  const uint32_t launch = static_cast<uint32_t>((atomicAdd(&s->recv_ctas, 1ull) / gridDim.x) % kReceivedInLaunch);
+  const RecordView r = PickRecord((next_send & 1) != 0, r0, r1);
+  int half = -1;
+  uint32_t seq = 0;
+#pragma unroll
+  for (int h = 0; h < protocol::kNumHalves; ++h) {
+    const uint32_t sent_seq = static_cast<uint32_t>(r.sent(h));
+    const unsigned long long mark = r.received(h);
+    const bool waiting =
+        sent_seq != 0 && (static_cast<uint32_t>(mark >> 32) != sent_seq || static_cast<uint32_t>(mark) == launch);
+    if ((r.sent(h) >> 32) == tag && waiting && (half < 0 || protocol::SignalIsNewer(seq, sent_seq))) {
+      half = h;
+      seq = sent_seq;
+    }
+  }
+  if (aborted) return 0;
+  if (half < 0) {
+    if (blockIdx.x == 0) RecordError(c, protocol::kDeviceBadReceive, op, -1, 0, tag);
+    return 0;
+  }
+  // Every CTA stores the same values (newest_received included: the maximum with seq either way).
+  LlCallRecord* out = &c.calls->record[next_send & 1];
+  out->received[half] = PackReceived(seq, launch);
+  out->sent_after[static_cast<int>(op)][half] = protocol::DeviceCallSeq(next_send);
+  if (r.newest_received == 0 || protocol::SignalIsNewer(seq, r.newest_received)) out->newest_received = seq;
+  return seq;
+}
+
+/// The thread that reads the call state: lane 0 of the last warp, the warp with the least early work in every phase
+/// (work is dealt from warp 0; PeekSignals uses the two warps before it).
+constexpr int kGateThread = kThreads - 32;
+
+/// What the gate thread found, for the CTA.
+struct GateShared {
+  uint32_t seq;
+  unsigned long long n;  ///< send launches: the launch's index
+};
+__shared__ GateShared g_gate;
+
+/// A launch's call state (file comment). Constructed by every thread as the CTA starts: after one CTA barrier (the
+/// pending-error slot is clear), the gate thread reads the call state while the other warps start the phase. Open()
+/// is CTA-wide and returns the call's sequence number, 0 when the launch must do nothing (refused, recorded, or
+/// aborted); it may be called any number of times.
+class CallGate {
+ public:
+  __device__ CallGate(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag) : c_(c), op_(op), phase_(phase) {
+    if (threadIdx.x == 0) {
+      g_pending_error.code = 0;
+      entered_ns_ = NowNs();
+    }
+    __syncthreads();
+    if (threadIdx.x == kGateThread) {
+      g_gate.seq = (phase & kPhaseSend) ? TakeSendCall(c, op, &g_gate.n) : TakeReceiveCall(c, op, tag);
+      TraceThis(c, op, kTraceCallRead);
+    }
+  }
+
+  __device__ uint32_t Open() {
+    if (seq_ != kSeqPending) return seq_;
+    __syncthreads();
+    seq_ = g_gate.seq;
+    if (threadIdx.x == 0 && seq_ != 0) {
+      // Every thread's pending error was stored before the barrier.
+      if (g_pending_error.code != 0) {
+        RecordError(c_, g_pending_error.code, static_cast<LlOp>(g_pending_error.op), g_pending_error.peer, seq_,
+                    g_pending_error.detail);
+      }
+      if (phase_ & kPhaseSend) {
+        StampSendStart(c_, op_, seq_, entered_ns_);
+      } else {
+        StampRecvStart(c_, seq_, entered_ns_);
+      }
+      TraceThis(c_, op_, kTraceOpened);
+    }
+    return seq_;
+  }
+
+  /// The call is known (every thread agrees: Open() ended with a barrier).
+  __device__ bool is_open() const { return seq_ != kSeqPending; }
+
+  /// After Open() of a send launch: the launch's index (LlCallState).
+  __device__ unsigned long long launch_index() const { return g_gate.n; }
+
+ private:
+  const LlDeviceContext& c_;
+  LlOp op_;
+  int phase_;
+  uint32_t seq_ = kSeqPending;
+  uint64_t entered_ns_ = 0;  ///< thread 0
+};
+
+}  // namespace
+}  // namespace llep::kernels::cuda
