@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Where a receive-only launch spends its time (issue #19, receive-launch fixed cost): one rank, hook mode, the
 kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For the last receive launch of each op it prints, per trace
-point, the median / max over CTAs of µs since the first CTA entered the kernel ('entered' is stamped before the call
-state is read), and the profiler's duration of the same receive kernel, so the part of the launch no CTA stamps
-(ramp-up before the first CTA, teardown after the last) shows as the difference.
+point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped
+before the call state is read), and the profiler's duration of the same receive kernel, so the part of the launch no
+CTA stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
 
   LLEP_KERNEL_TRACE is set by this script. Usage: PYTHONPATH=build-gpu/python python3 bench/recv_trace.py --tokens 1 8
 """
@@ -21,20 +21,22 @@ from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
-          'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered']  # kernels/cuda/ll_kernels.h TracePoint
-RECV = ['entered', 'recv_start', 'signals', 'recv_planned', 'recv_end']
+          'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered', 'opened', 'call_read']  # kernels/cuda/ll_kernels.h TracePoint
+# In time order; a point the tree does not stamp is left out ('opened', the call state known, is newer than the rest).
+RECV = ['entered', 'recv_start', 'call_read', 'opened', 'recv_planned', 'signals', 'recv_end']
 
 
 def timeline(buf, op):
     tr = buf.runtime.kernel_trace()
     G, P = buf.runtime.num_ctas, 16
     col = {name: [tr[(op * G + b) * P + POINTS.index(name)] for b in range(G)] for name in RECV}
+    # Points are kept from older launches when a launch does not pass them: only this launch's (>= its entry) count.
     t0 = min(v for v in col['entered'] if v)
     cells = []
     for name in RECV:
-        vs = sorted((v - t0) / 1000 for v in col[name] if v >= t0)
+        vs = sorted(((v - t0) / 1000, b) for b, v in enumerate(col[name]) if v >= t0)
         if vs:
-            cells.append(f'{name} {statistics.median(vs):.2f}/{vs[-1]:.2f}')
+            cells.append(f'{name} {statistics.median(v for v, _ in vs):.2f}/{vs[-1][0]:.2f}@{vs[-1][1]}')
     return ', '.join(cells)
 
 
