@@ -133,6 +133,7 @@ class GpuBuffer {
   absl::Status Init();
   absl::Status InitLocal();                          // device, limits, allocations
   absl::Status Exchange(const absl::Status& local);  // IPC handles (collective), peer mapping
+  absl::Status FillDeviceContext();                  // ctx_ from the mapped peers and the buffers
   /// Collective (every rank, when any pair uses the proxy): host-staged region, rings, transports, proxy threads.
   /// `before` is this rank's setup status so far: a failure on any rank becomes an error on all of them.
   absl::Status SetUpProxy(const absl::Status& before, bool peers_share_host);

@@ -158,66 +158,71 @@ absl::Status GpuBuffer::InitLocal() {
   return absl::OkStatus();
 }
 
-absl::Status GpuBuffer::Exchange(const absl::Status& local) {
-  const int R = layout_.shape.num_ranks;
-  // The LLEP_* options, read once for the whole setup; an error is reported through the exchanges, never by
-  // returning before one (the other ranks would wait in it).
-  env_ = base::ReadOptions();
-  void* p = nullptr;
+namespace {
+
+/// This rank's blob for the region exchange and whether the rank is fit to take part (`local`: its setup so far).
+RegionBlob DescribeRegion(const absl::Status& local, int device, void* region, int64_t total_bytes, absl::Status* own) {
   RegionBlob mine{};
-  mine.ok = local.ok() ? 1 : 0;
-  std::strncpy(mine.error, std::string(local.message()).c_str(), sizeof(mine.error) - 1);
   mine.magic = kRegionBlobMagic;
   mine.layout_version = protocol::kLlLayoutVersion;
-  mine.total_bytes = layout_.total_bytes;
-  mine.device = device_;
+  mine.total_bytes = total_bytes;
+  mine.device = device;
   mine.pid = static_cast<int32_t>(getpid());
   std::strncpy(mine.host, HostIdentity().c_str(), sizeof(mine.host) - 1);
-  absl::Status own = local;
-  if (own.ok())
-    own = CudaStatus(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device_), "cudaDeviceGetPCIBusId");
-  if (own.ok()) own = CudaStatus(cudaIpcGetMemHandle(&mine.handle, region_), "cudaIpcGetMemHandle");
-  mine.ok = own.ok() ? 1 : 0;
-  std::strncpy(mine.error, std::string(own.message()).c_str(), sizeof(mine.error) - 1);
+  *own = local;
+  if (own->ok()) {
+    *own = CudaStatus(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device), "cudaDeviceGetPCIBusId");
+  }
+  if (own->ok()) *own = CudaStatus(cudaIpcGetMemHandle(&mine.handle, region), "cudaIpcGetMemHandle");
+  mine.ok = own->ok() ? 1 : 0;
+  std::strncpy(mine.error, std::string(own->message()).c_str(), sizeof(mine.error) - 1);
+  return mine;
+}
+
+/// Every rank's blob (collective), checked: a rank that failed its setup or built a different buffer is an error here.
+absl::StatusOr<std::vector<RegionBlob>> GatherRegionBlobs(Bootstrap& bootstrap, const RegionBlob& mine,
+                                                          const absl::Status& own, int R) {
   LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                        bootstrap_.AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
+                        bootstrap.AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
   if (!own.ok()) return own;
   std::vector<RegionBlob> blobs(R);
   for (int r = 0; r < R; ++r) {
     if (all[r].size() != sizeof(RegionBlob)) return absl::DataLossError(absl::StrCat("rank ", r, ": bad region blob"));
     std::memcpy(&blobs[r], all[r].data(), sizeof(RegionBlob));
-    const RegionBlob& peer = blobs[r];
+    RegionBlob& peer = blobs[r];
+    peer.host[sizeof(peer.host) - 1] = '\0';
+    peer.pci_bus_id[sizeof(peer.pci_bus_id) - 1] = '\0';
+    peer.error[sizeof(peer.error) - 1] = '\0';
     if (peer.magic == kRegionBlobMagic && !peer.ok) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", r, " could not create its GPU buffer: ", peer.error));
     }
     if (peer.magic != kRegionBlobMagic || peer.layout_version != protocol::kLlLayoutVersion ||
-        peer.total_bytes != layout_.total_bytes) {
+        peer.total_bytes != mine.total_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", r, " built a different buffer (", peer.total_bytes, " bytes, layout v", peer.layout_version,
-          ") than this rank (", layout_.total_bytes, " bytes, v", protocol::kLlLayoutVersion,
+          ") than this rank (", mine.total_bytes, " bytes, v", protocol::kLlLayoutVersion,
           "): every rank must use the same num_max_dispatch_tokens_per_rank, hidden and num_experts"));
     }
   }
+  return blobs;
+}
 
-  // Topology (runtime/topology.h): every rank reports which peers' GPUs it can map, and all decide from the same data.
+/// Topology (runtime/topology.h), collective: every rank reports which peers' GPUs it can map and how it splits
+/// virtual nodes (`ranks_per_node`, or `split` if that could not be read), and all decide the paths from the same
+/// data. The split travels with the row: every rank must split the same way, or one side of a pair would store over
+/// NVLink while the other waits for the proxy.
+absl::StatusOr<std::vector<std::vector<PeerPath>>> AgreeOnPeerPaths(Bootstrap& bootstrap,
+                                                                    const std::vector<RegionBlob>& blobs,
+                                                                    const std::vector<std::string>& host_ids,
+                                                                    const std::string& my_host, int device,
+                                                                    int ranks_per_node, const absl::Status& split) {
+  const int R = static_cast<int>(blobs.size());
   std::string reach_row(R, '0');
-  std::vector<std::string> host_ids(R);
   for (int r = 0; r < R; ++r) {
-    blobs[r].host[sizeof(blobs[r].host) - 1] = '\0';
-    blobs[r].pci_bus_id[sizeof(blobs[r].pci_bus_id) - 1] = '\0';
-    host_ids[r] = blobs[r].host;
-    if (host_ids[r] == mine.host) reach_row[r] = CanReach(device_, blobs[r].pci_bus_id) ? '1' : '0';
+    if (host_ids[r] == my_host) reach_row[r] = CanReach(device, blobs[r].pci_bus_id) ? '1' : '0';
   }
-  int ranks_per_node = options_.ranks_per_node;
-  absl::Status split = absl::OkStatus();
-  if (ranks_per_node < 0) {
-    split = env_.status();
-    ranks_per_node = env_.ok() ? env_->ranks_per_node : 0;
-  }
-  // The row travels with this rank's virtual-node size: every rank must split the same way, or one side of a pair
-  // would store over NVLink while the other waits for the proxy.
   LLEP_ASSIGN_OR_RETURN(std::vector<std::string> rows,
-                        bootstrap_.AllGather(absl::StrCat(reach_row, "|", split.ok() ? ranks_per_node : -1)));
+                        bootstrap.AllGather(absl::StrCat(reach_row, "|", split.ok() ? ranks_per_node : -1)));
   LLEP_RETURN_IF_ERROR(split);
   std::vector<std::vector<bool>> reach(R, std::vector<bool>(R, false));
   for (int a = 0; a < R; ++a) {
@@ -231,7 +236,40 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
           " (LLEP_RANKS_PER_NODE / allow_nvlink_for_low_latency_mode must agree on every rank; 0 = by host)"));
     }
   }
-  LLEP_ASSIGN_OR_RETURN(std::vector<std::vector<PeerPath>> all_paths, DecidePeerPaths(host_ids, reach, ranks_per_node));
+  return DecidePeerPaths(host_ids, reach, ranks_per_node);
+}
+
+/// Whether every pair that talks through the proxy shares a host (virtual nodes: the shm transport serves them).
+bool ProxyPairsShareHost(const std::vector<std::vector<PeerPath>>& paths, const std::vector<std::string>& host_ids) {
+  for (size_t a = 0; a < paths.size(); ++a) {
+    for (size_t b = 0; b < paths.size(); ++b) {
+      if (paths[a][b] == PeerPath::kProxy && host_ids[a] != host_ids[b]) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status GpuBuffer::Exchange(const absl::Status& local) {
+  const int R = layout_.shape.num_ranks;
+  // The LLEP_* options, read once for the whole setup; an error is reported through the exchanges, never by
+  // returning before one (the other ranks would wait in it).
+  env_ = base::ReadOptions();
+  absl::Status own;
+  const RegionBlob mine = DescribeRegion(local, device_, region_, layout_.total_bytes, &own);
+  LLEP_ASSIGN_OR_RETURN(const std::vector<RegionBlob> blobs, GatherRegionBlobs(bootstrap_, mine, own, R));
+
+  std::vector<std::string> host_ids(R);
+  for (int r = 0; r < R; ++r) host_ids[r] = blobs[r].host;
+  int ranks_per_node = options_.ranks_per_node;
+  absl::Status split = absl::OkStatus();
+  if (ranks_per_node < 0) {
+    split = env_.status();
+    ranks_per_node = env_.ok() ? env_->ranks_per_node : 0;
+  }
+  LLEP_ASSIGN_OR_RETURN(const std::vector<std::vector<PeerPath>> all_paths,
+                        AgreeOnPeerPaths(bootstrap_, blobs, host_ids, mine.host, device_, ranks_per_node, split));
   paths_ = all_paths[rank_];
 
   peer_bases_.assign(R, nullptr);
@@ -244,16 +282,17 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
                             absl::StrCat("mapping rank ", r, "'s region (device ", blobs[r].device, ") with CUDA IPC"));
     peer_bases_[r] = static_cast<uint8_t*>(mapped);
   }
-  if (AnyProxyPath(all_paths)) {
-    bool proxy_pairs_share_host = true;
-    for (int a = 0; a < R; ++a) {
-      for (int b = 0; b < R; ++b) {
-        if (all_paths[a][b] == PeerPath::kProxy && host_ids[a] != host_ids[b]) proxy_pairs_share_host = false;
-      }
-    }
-    LLEP_RETURN_IF_ERROR(SetUpProxy(mapped_all, proxy_pairs_share_host));
-  }
+  // Collective too: a mapping error goes through the proxy setup's exchange (SetUpProxy reports it on every rank).
+  if (AnyProxyPath(all_paths)) LLEP_RETURN_IF_ERROR(SetUpProxy(mapped_all, ProxyPairsShareHost(all_paths, host_ids)));
   LLEP_RETURN_IF_ERROR(mapped_all);
+  LLEP_RETURN_IF_ERROR(FillDeviceContext());
+  // Nobody writes into a peer before every rank mapped every region and started its proxy.
+  return bootstrap_.Barrier();
+}
+
+absl::Status GpuBuffer::FillDeviceContext() {
+  const int R = layout_.shape.num_ranks;
+  void* p = nullptr;
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint8_t*) * R));
   d_peers_ = static_cast<uint8_t**>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_peers_, peer_bases_.data(), sizeof(uint8_t*) * R, cudaMemcpyHostToDevice));
@@ -276,8 +315,7 @@ absl::Status GpuBuffer::Exchange(const absl::Status& local) {
   ctx_.metrics = d_metrics_;
   ctx_.stamps = d_stamps_;
   ctx_.metrics_layout = metrics_layout_;
-  // Nobody writes into a peer before every rank mapped every region and started its proxy.
-  return bootstrap_.Barrier();
+  return absl::OkStatus();
 }
 
 absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
