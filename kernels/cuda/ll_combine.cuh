@@ -147,13 +147,10 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int E = c.layout.shape.num_experts, E_loc = c.layout.shape.num_local_experts();
   const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
-    const int64_t* r = topk + static_cast<int64_t>(tp) * K;
-    int64_t v[kMaxK];
+    LoadRouteKeys(topk, tp, num_tokens, K, E, E_loc, q);
+    // Counted per selection, not "any slot": a repeated id is dropped, as the validation rule does.
 #pragma unroll
-    for (int j = 0; j < kMaxK; ++j) v[j] = (tp < num_tokens && j < K) ? r[j] : -1;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j) {
-      q[j] = RouteKey(v[j], E, E_loc);
+    for (int j = 1; j < kMaxK; ++j) {
       bool repeated = false;
 #pragma unroll
       for (int i = 0; i < j; ++i) repeated |= q[i] == q[j];

@@ -250,10 +250,11 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
   if (tid == 0) *failed = 0;
-  const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kDispatch);
-  const uint32_t seq = gate.Open();
+  const bool was_open = gate.is_open();
+  const bool peeked = !was_open && PeekSignals(c, LlOp::kDispatch);
+  const uint32_t seq = gate.Open();  // its barrier also publishes *failed = 0, unless the gate was open already
   if (seq == 0) return;
-  __syncthreads();  // *failed is clear (Open has no barrier once open: kPhaseBoth)
+  if (was_open) __syncthreads();
   const int half = protocol::HalfOfSeq(seq);
   WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_start, failed,
                  peeked);  // messages per source

@@ -107,6 +107,19 @@ __device__ __forceinline__ uint32_t RouteKey(int64_t id, int E, int E_loc) {
   return static_cast<uint32_t>(g / E_loc) << 16 | static_cast<uint32_t>(g % E_loc);
 }
 
+/// Token tp's route keys (kNoKey for slots >= K, for an id outside [0, E) and for tp >= limit): one round of
+/// independent loads. The planners' "every thread takes one token" row.
+template <int kMaxK>
+__device__ __forceinline__ void LoadRouteKeys(const int64_t* topk, int tp, int limit, int K, int E, int E_loc,
+                                              uint32_t (&q)[kMaxK]) {
+  const int64_t* r = topk + static_cast<int64_t>(tp) * K;
+  int64_t v[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) v[j] = (tp < limit && j < K) ? r[j] : -1;
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) q[j] = RouteKey(v[j], E, E_loc);
+}
+
 /// PlanRound's shared memory: the keys of the round's tokens and their row / slot counters.
 struct PlanScratch {
   uint32_t key[kWarps][kK];
@@ -127,14 +140,7 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int E = c.layout.shape.num_experts, E_loc = c.layout.shape.num_local_experts();
   const int t_last = first_t + (n - 1) * stride;  // the round's last token: earlier tokens are [0, t_last)
-  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
-    const int64_t* r = topk + static_cast<int64_t>(tp) * K;
-    int64_t v[kMaxK];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j) v[j] = (tp < t_last && j < K) ? r[j] : -1;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j) q[j] = RouteKey(v[j], E, E_loc);
-  };
+  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) { LoadRouteKeys(topk, tp, t_last, K, E, E_loc, q); };
   uint32_t q[kMaxK];
   load_row(tid, q);  // issued before the planned tokens' own loads: both are in flight together
   if (warp < n) {
