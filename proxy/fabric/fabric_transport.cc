@@ -6,13 +6,17 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
 
 namespace llep::proxy {
@@ -62,6 +66,20 @@ absl::StatusOr<InfoPtr> GetInfo(const FabricOptions& options) {
     return base::Annotate(FiError(rc, "fi_getinfo"), absl::StrCat("libfabric provider '", options.provider, "'"));
   }
   InfoPtr result(info);
+  if (IsShm(options.provider) && result->addr_format == FI_ADDR_STR) {
+    // The shm provider names its shared-memory region after the process id unless given a name. A rank that was
+    // killed leaves that region behind, and a later process that gets the same pid then fails fi_enable with EBUSY
+    // (seen in the fault tests, which kill ranks). A name with a per-process random part does not collide.
+    static const uint64_t nonce = [] {
+      std::random_device rd;
+      return (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+    }();
+    static std::atomic<uint32_t> next{0};
+    const std::string name = absl::StrCat("fi_shm://llep_", getpid(), "_", absl::Hex(nonce), "_", next++);
+    free(result->src_addr);
+    result->src_addr = strdup(name.c_str());
+    result->src_addrlen = name.size() + 1;
+  }
   // The first entry is the provider's preferred configuration; require remote CQ data wide enough for our imm.
   if (result->domain_attr->cq_data_size < 4) {
     return absl::UnimplementedError(absl::StrCat("provider '", options.provider, "' carries only ",
