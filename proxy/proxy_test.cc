@@ -302,8 +302,9 @@ TEST(FifoRingTest, ManyProducersLoseNothing) {
   for (int p = 0; p < kProducers; ++p) {
     producers.emplace_back([&, p] {
       for (uint64_t i = 0; i < kPerProducer; ++i) {
-        ASSERT_TRUE(
-            protocol::FifoPush(r.handle, protocol::MakeSignalCmd(LlOp::kDispatch, 0, p, (uint64_t(p) << 32) | i)));
+        ASSERT_TRUE(protocol::FifoPush(
+            r.handle,
+            protocol::MakeSignalCmd(LlOp::kDispatch, 0, p, protocol::JoinHalves(p, static_cast<uint32_t>(i)))));
       }
     });
   }
@@ -314,7 +315,7 @@ TEST(FifoRingTest, ManyProducersLoseNothing) {
   while (total < kProducers * kPerProducer) {
     const int n = consumer.Poll(out, 64);
     for (int j = 0; j < n; ++j) {
-      const int p = static_cast<int>(out[j].w0 >> 32);
+      const int p = static_cast<int>(protocol::HighHalf(out[j].w0));
       ASSERT_EQ(out[j].w0 & 0xFFFFFFFF, next[p]++);  // per-producer order is kept
     }
     total += n;

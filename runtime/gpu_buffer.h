@@ -137,6 +137,13 @@ class GpuBuffer {
   /// Collective (every rank, when any pair uses the proxy): host-staged region, rings, transports, proxy threads.
   /// `before` is this rank's setup status so far: a failure on any rank becomes an error on all of them.
   absl::Status SetUpProxy(const absl::Status& before, bool peers_share_host);
+  /// This rank's end of the proxy path: the pinned host region, one FIFO ring and one transport per proxy thread
+  /// (each transport's connection blob appended to `blobs`).
+  absl::Status OpenProxyEnds(const std::string& transport, int threads, const std::string& fabric_node,
+                             std::vector<std::unique_ptr<proxy::Transport>>* transports,
+                             std::vector<std::string>* blobs);
+  /// Connected transports → running proxy threads, and the device's per-peer ring table.
+  absl::Status StartProxy(std::vector<std::unique_ptr<proxy::Transport>> transports, int spin);
   absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Clears the device's error claim after a recoverable error, on `stream` unless it is being captured.
   absl::Status RearmErrorRecord(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

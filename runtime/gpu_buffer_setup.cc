@@ -318,61 +318,26 @@ absl::Status GpuBuffer::FillDeviceContext() {
   return absl::OkStatus();
 }
 
-absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
-  const int R = layout_.shape.num_ranks;
-  std::string transport = options_.transport;
-  const base::Options env = env_.ok() ? *env_ : base::Options{};  // a read error fails s below
-  if (transport.empty()) transport = env.fabric_provider;
-  if (transport.empty()) {
-    // Virtual nodes of one host talk through shared memory; real nodes through the first RDMA provider present.
-    transport = "shm";
-    if (!peers_share_host) {
-      const std::vector<std::string> have = proxy::ListFabricProviders();
-      transport = "tcp;ofi_rxm";
-      for (const char* want : {"efa", "verbs;ofi_rxm"}) {
-        if (std::find(have.begin(), have.end(), want) != have.end()) {
-          transport = want;
-          break;
-        }
-      }
-    }
+namespace {
+
+/// The libfabric provider the proxies use: the buffer's option, else LLEP_FABRIC_PROVIDER, else shared memory
+/// between virtual nodes of one host and the first RDMA provider present between real nodes (TCP if none).
+std::string ChooseProxyTransport(const std::string& option, const std::string& from_env, bool peers_share_host) {
+  if (!option.empty()) return option;
+  if (!from_env.empty()) return from_env;
+  if (peers_share_host) return "shm";
+  const std::vector<std::string> have = proxy::ListFabricProviders();
+  for (const char* want : {"efa", "verbs;ofi_rxm"}) {
+    if (std::find(have.begin(), have.end(), want) != have.end()) return want;
   }
-  const int threads = options_.num_proxy_threads > 0 ? options_.num_proxy_threads : 1;
-  std::vector<std::unique_ptr<proxy::Transport>> transports;
-  std::vector<std::string> fields = {"", transport};  // [error or empty, transport name, one blob per thread]
-  absl::Status s = before.ok() ? env_.status() : before;
-  if (s.ok()) {
-    s = [&]() -> absl::Status {
-      if (static_cast<uint64_t>(layout_.total_bytes) > protocol::kCmdMaxOffset) {
-        return absl::InvalidArgumentError(absl::StrCat("the ", layout_.total_bytes,
-                                                       "-byte region is beyond the FIFO command's offset reach (",
-                                                       protocol::kCmdMaxOffset + 1, " bytes)"));
-      }
-      void* h = nullptr;
-      // Pinned, mapped into the GPU (the kernels stage and read here) and portable (any context of the process).
-      LLEP_CUDA_RETURN_IF_ERROR(
-          cudaHostAlloc(&h, static_cast<size_t>(layout_.total_bytes), cudaHostAllocMapped | cudaHostAllocPortable));
-      h_proxy_region_ = static_cast<uint8_t*>(h);
-      std::memset(h_proxy_region_, 0, static_cast<size_t>(layout_.total_bytes));  // zero signal words: "none yet"
-      void* d = nullptr;
-      LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, h_proxy_region_, 0));
-      d_proxy_region_ = static_cast<uint8_t*>(d);
-      for (int i = 0; i < threads; ++i) {
-        auto ring = std::make_unique<CudaFifoRing>();
-        LLEP_CUDA_RETURN_IF_ERROR(ring->Init(kGpuFifoEntries));
-        rings_.push_back(std::move(ring));
-        LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, env.fabric_node, rank_, R));
-        LLEP_RETURN_IF_ERROR(t->RegisterRegion(h_proxy_region_, static_cast<uint64_t>(layout_.total_bytes)));
-        LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());
-        fields.push_back(std::move(blob));
-        transports.push_back(std::move(t));
-      }
-      return absl::OkStatus();
-    }();
-  }
-  if (!s.ok()) fields = {std::string(s.message()).empty() ? "setup failed" : std::string(s.message()), transport};
-  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(PackStringList(fields)));
-  if (!s.ok()) return s;
+  return "tcp;ofi_rxm";
+}
+
+/// Every rank's proxy fields ([error or empty, transport, one blob per thread]) checked for agreement and turned
+/// into one blob per (thread, rank).
+absl::StatusOr<std::vector<std::vector<std::string>>> AgreeOnProxyBlobs(const std::vector<std::string>& all,
+                                                                        const std::string& transport, int threads) {
+  const int R = static_cast<int>(all.size());
   std::vector<std::vector<std::string>> per_thread(threads, std::vector<std::string>(R));
   for (int r = 0; r < R; ++r) {
     LLEP_ASSIGN_OR_RETURN(std::vector<std::string> f, UnpackStringList(all[r]));
@@ -387,16 +352,70 @@ absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_
     }
     for (int i = 0; i < threads; ++i) per_thread[i][r] = std::move(f[2 + i]);
   }
+  return per_thread;
+}
+
+}  // namespace
+
+absl::Status GpuBuffer::SetUpProxy(const absl::Status& before, bool peers_share_host) {
+  const base::Options env = env_.ok() ? *env_ : base::Options{};  // a read error fails s below
+  const std::string transport = ChooseProxyTransport(options_.transport, env.fabric_provider, peers_share_host);
+  const int threads = options_.num_proxy_threads > 0 ? options_.num_proxy_threads : 1;
+  std::vector<std::unique_ptr<proxy::Transport>> transports;
+  std::vector<std::string> fields = {"", transport};  // [error or empty, transport name, one blob per thread]
+  absl::Status s = before.ok() ? env_.status() : before;
+  if (s.ok()) s = OpenProxyEnds(transport, threads, env.fabric_node, &transports, &fields);
+  // Collective: a rank that failed still publishes (its error), so no peer waits for it.
+  if (!s.ok()) fields = {std::string(s.message()).empty() ? "setup failed" : std::string(s.message()), transport};
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(PackStringList(fields)));
+  if (!s.ok()) return s;
+  LLEP_ASSIGN_OR_RETURN(auto per_thread, AgreeOnProxyBlobs(all, transport, threads));
   for (int i = 0; i < threads; ++i) LLEP_RETURN_IF_ERROR(transports[i]->Connect(per_thread[i]));
+  return StartProxy(std::move(transports), env.proxy_spin);
+}
+
+absl::Status GpuBuffer::OpenProxyEnds(const std::string& transport, int threads, const std::string& fabric_node,
+                                      std::vector<std::unique_ptr<proxy::Transport>>* transports,
+                                      std::vector<std::string>* blobs) {
+  if (static_cast<uint64_t>(layout_.total_bytes) > protocol::kCmdMaxOffset) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", layout_.total_bytes,
+                                                   "-byte region is beyond the FIFO command's offset reach (",
+                                                   protocol::kCmdMaxOffset + 1, " bytes)"));
+  }
+  void* h = nullptr;
+  // Pinned, mapped into the GPU (the kernels stage and read here) and portable (any context of the process).
+  LLEP_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&h, static_cast<size_t>(layout_.total_bytes), cudaHostAllocMapped | cudaHostAllocPortable));
+  h_proxy_region_ = static_cast<uint8_t*>(h);
+  std::memset(h_proxy_region_, 0, static_cast<size_t>(layout_.total_bytes));  // zero signal words: "none yet"
+  void* d = nullptr;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, h_proxy_region_, 0));
+  d_proxy_region_ = static_cast<uint8_t*>(d);
+  for (int i = 0; i < threads; ++i) {
+    auto ring = std::make_unique<CudaFifoRing>();
+    LLEP_CUDA_RETURN_IF_ERROR(ring->Init(kGpuFifoEntries));
+    rings_.push_back(std::move(ring));
+    LLEP_ASSIGN_OR_RETURN(auto t, proxy::CreateTransport(transport, fabric_node, rank_, layout_.shape.num_ranks));
+    LLEP_RETURN_IF_ERROR(t->RegisterRegion(h_proxy_region_, static_cast<uint64_t>(layout_.total_bytes)));
+    LLEP_ASSIGN_OR_RETURN(std::string blob, t->LocalBlob());
+    blobs->push_back(std::move(blob));
+    transports->push_back(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuBuffer::StartProxy(std::vector<std::unique_ptr<proxy::Transport>> transports, int spin) {
+  const int R = layout_.shape.num_ranks;
   transport_name_ = transports[0]->Name();
   std::vector<proxy::ExternalRing> rings;
   for (const auto& ring : rings_) rings.push_back({ring->device, ring->host, ring->abort_word()});
   proxy::ProxyOptions po;
   po.fifo_entries = kGpuFifoEntries;
   // GPU hosts have cores to spare: poll without sleeping for ~1 s of idleness, so decode steps never wake a sleeper.
-  po.spin_before_sleep = env.proxy_spin;
+  po.spin_before_sleep = spin;
   LLEP_ASSIGN_OR_RETURN(
       proxy_, proxy::Proxy::Create(layout_, rank_, h_proxy_region_, std::move(transports), po, std::move(rings)));
+  // The kernels push a peer's commands into the ring of the proxy thread that owns the pair (rank, peer).
   std::vector<protocol::FifoRingHandle> fifos(R);
   for (int d = 0; d < R; ++d) {
     if (d != rank_) fifos[d] = proxy_->ring(proxy::Proxy::ThreadFor(rank_, d, proxy_->num_threads()));

@@ -33,7 +33,7 @@ __device__ __forceinline__ RecordView LoadRecordView(const LlCallRecord* r, LlOp
   const uint4 sent = __ldcg(reinterpret_cast<const uint4*>(&r->sent[0]));
   const uint4 received = __ldcg(reinterpret_cast<const uint4*>(&r->received[0]));
   const uint2 after = __ldcg(reinterpret_cast<const uint2*>(&r->sent_after[static_cast<int>(op)][0]));
-  const auto u64 = [](uint32_t lo, uint32_t hi) { return (static_cast<unsigned long long>(hi) << 32) | lo; };
+  const auto u64 = [](uint32_t lo, uint32_t hi) -> unsigned long long { return protocol::JoinHalves(hi, lo); };
   return RecordView{u64(sent.x, sent.y),
                     u64(sent.z, sent.w),
                     u64(received.x, received.y),
@@ -83,7 +83,7 @@ __device__ uint32_t TakeSendCall(const LlDeviceContext& c, LlOp op, unsigned lon
   const uint32_t prev = static_cast<uint32_t>(r.sent(h));
   const uint32_t sent_after = r.sent_after(h);
   uint32_t code = protocol::kDeviceOk, detail = 0;
-  if (prev != 0 && static_cast<uint32_t>(r.received(h) >> 32) != prev) {
+  if (prev != 0 && protocol::HighHalf(r.received(h)) != prev) {
     code = protocol::kDeviceInFlight;
     detail = prev;
   } else if (sent_after != 0 && (r.newest_received == 0 || !AtOrAfter(r.newest_received, sent_after))) {
@@ -127,9 +127,8 @@ __device__ uint32_t TakeReceiveCall(const LlDeviceContext& c, LlOp op, uint32_t 
   for (int h = 0; h < protocol::kNumHalves; ++h) {
     const uint32_t sent_seq = static_cast<uint32_t>(r.sent(h));
     const unsigned long long mark = r.received(h);
-    const bool waiting =
-        sent_seq != 0 && (static_cast<uint32_t>(mark >> 32) != sent_seq || static_cast<uint32_t>(mark) == launch);
-    if ((r.sent(h) >> 32) == tag && waiting && (half < 0 || protocol::SignalIsNewer(seq, sent_seq))) {
+    const bool waiting = sent_seq != 0 && (protocol::HighHalf(mark) != sent_seq || protocol::LowHalf(mark) == launch);
+    if (protocol::HighHalf(r.sent(h)) == tag && waiting && (half < 0 || protocol::SignalIsNewer(seq, sent_seq))) {
       half = h;
       seq = sent_seq;
     }

@@ -128,10 +128,10 @@ struct alignas(128) LlCallState {
 /// Marks an operation that was received by its own (kPhaseBoth) launch.
 inline constexpr uint32_t kReceivedInLaunch = 0xFFFFFFFFu;
 __host__ __device__ constexpr unsigned long long PackSent(uint32_t tag, uint32_t seq) {
-  return (static_cast<unsigned long long>(tag) << 32) | seq;
+  return protocol::JoinHalves(tag, seq);
 }
 __host__ __device__ constexpr unsigned long long PackReceived(uint32_t seq, uint32_t launch) {
-  return (static_cast<unsigned long long>(seq) << 32) | launch;
+  return protocol::JoinHalves(seq, launch);
 }
 
 /// Per-rank state every launch needs. POD, passed by value.

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/protocol/hd.h"
 
 namespace llep::proxy {
 namespace {
@@ -72,7 +73,7 @@ absl::StatusOr<InfoPtr> GetInfo(const FabricOptions& options) {
     // (seen in the fault tests, which kill ranks). A name with a per-process random part does not collide.
     static const uint64_t nonce = [] {
       std::random_device rd;
-      return (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+      return protocol::JoinHalves(rd(), rd()) ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
     }();
     static std::atomic<uint32_t> next{0};
     const std::string name = absl::StrCat("fi_shm://llep_", getpid(), "_", absl::Hex(nonce), "_", next++);

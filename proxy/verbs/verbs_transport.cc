@@ -51,82 +51,10 @@ class VerbsTransport final : public Transport {
                                                      ", queue depth ", opt_.queue_depth));
     }
     LLEP_ASSIGN_OR_RETURN(const base::Options env, base::ReadOptions());
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    if (list == nullptr || n == 0) {
-      const absl::Status s = absl::UnavailableError(
-          absl::StrCat("ibverbs: no RDMA devices (", list == nullptr ? strerror(errno) : "empty device list",
-                       "); use a libfabric provider instead"));
-      if (list != nullptr) ibv_free_device_list(list);
-      return s;
-    }
-    const std::string want = opt_.device.empty() ? env.ib_device : opt_.device;
-    ibv_device* dev = nullptr;
-    for (int i = 0; i < n && dev == nullptr; ++i) {
-      if (want.empty() || want == ibv_get_device_name(list[i])) dev = list[i];
-    }
-    if (dev == nullptr) {
-      ibv_free_device_list(list);
-      return absl::NotFoundError(absl::StrCat("ibverbs: no device named '", want, "'"));
-    }
-    name_ = absl::StrCat("ibverbs/", ibv_get_device_name(dev));
-    ctx_ = ibv_open_device(dev);
-    ibv_free_device_list(list);
-    if (ctx_ == nullptr) return Errno("ibv_open_device");
-    if (ibv_query_port(ctx_, static_cast<uint8_t>(opt_.port), &port_) != 0) return Errno("ibv_query_port");
-    if (port_.state != IBV_PORT_ACTIVE) {
-      return absl::UnavailableError(absl::StrCat(name_, " port ", opt_.port, " is not active"));
-    }
-    if (opt_.gid_index >= 0) {
-      gid_index_ = opt_.gid_index;
-    } else {
-      gid_index_ = env.ib_gid_index;
-    }
-    if (ibv_query_gid(ctx_, static_cast<uint8_t>(opt_.port), gid_index_, &gid_) != 0) return Errno("ibv_query_gid");
-    if ((pd_ = ibv_alloc_pd(ctx_)) == nullptr) return Errno("ibv_alloc_pd");
-    ibv_device_attr dev_attr{};
-    if (ibv_query_device(ctx_, &dev_attr) != 0) return Errno("ibv_query_device");
-    atomics_ = dev_attr.atomic_cap != IBV_ATOMIC_NONE;
-    // Outstanding RDMA reads / atomics per QP, within what the device allows as responder and initiator.
-    max_dest_rd_atomic_ = static_cast<uint8_t>(dev_attr.max_qp_rd_atom < 16 ? dev_attr.max_qp_rd_atom : 16);
-    max_rd_atomic_ = static_cast<uint8_t>(dev_attr.max_qp_init_rd_atom < 16 ? dev_attr.max_qp_init_rd_atom : 16);
-    // Atomics return the old value into local memory: one registered scratch word (its value is never read).
-    if ((atomic_mr_ = ibv_reg_mr(pd_, &atomic_result_, sizeof(atomic_result_), IBV_ACCESS_LOCAL_WRITE)) == nullptr) {
-      return Errno("ibv_reg_mr (atomic scratch)");
-    }
-    const int peers = opt_.num_ranks - 1;
-    const int cqe = opt_.queue_depth * (peers + 1) + 16;
-    if ((cq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0)) == nullptr) return Errno("ibv_create_cq");
-    ibv_srq_init_attr sa{};
-    sa.attr.max_wr = static_cast<uint32_t>(opt_.queue_depth);
-    sa.attr.max_sge = 1;
-    if ((srq_ = ibv_create_srq(pd_, &sa)) == nullptr) return Errno("ibv_create_srq");
-    for (int i = 0; i < opt_.queue_depth; ++i) {
-      if (absl::Status s = PostReceive(); !s.ok()) return s;
-    }
-    qps_.assign(opt_.num_ranks, nullptr);
-    outstanding_.assign(opt_.num_ranks, 0);
-    for (int r = 0; r < opt_.num_ranks; ++r) {
-      if (r == opt_.rank) continue;
-      ibv_qp_init_attr qa{};
-      qa.send_cq = cq_;
-      qa.recv_cq = cq_;
-      qa.srq = srq_;
-      qa.qp_type = IBV_QPT_RC;
-      qa.sq_sig_all = 1;
-      qa.cap.max_send_wr = static_cast<uint32_t>(opt_.queue_depth);
-      qa.cap.max_send_sge = 1;
-      if ((qps_[r] = ibv_create_qp(pd_, &qa)) == nullptr) return Errno("ibv_create_qp (RC)");
-      ibv_qp_attr a{};
-      a.qp_state = IBV_QPS_INIT;
-      a.pkey_index = 0;
-      a.port_num = static_cast<uint8_t>(opt_.port);
-      a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-      if (ibv_modify_qp(qps_[r], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
-        return Errno("ibv_modify_qp INIT");
-      }
-    }
-    return absl::OkStatus();
+    LLEP_RETURN_IF_ERROR(OpenDevice(opt_.device.empty() ? env.ib_device : opt_.device));
+    LLEP_RETURN_IF_ERROR(QueryPort(opt_.gid_index >= 0 ? opt_.gid_index : env.ib_gid_index));
+    LLEP_RETURN_IF_ERROR(CreateQueues());
+    return CreateQueuePairs();
   }
 
   std::string Name() const override { return name_; }
@@ -248,6 +176,97 @@ class VerbsTransport final : public Transport {
   }
 
  private:
+  /// Opens the device named `want` (the first one when empty).
+  absl::Status OpenDevice(const std::string& want) {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    if (list == nullptr || n == 0) {
+      const absl::Status s = absl::UnavailableError(
+          absl::StrCat("ibverbs: no RDMA devices (", list == nullptr ? strerror(errno) : "empty device list",
+                       "); use a libfabric provider instead"));
+      if (list != nullptr) ibv_free_device_list(list);
+      return s;
+    }
+    ibv_device* dev = nullptr;
+    for (int i = 0; i < n && dev == nullptr; ++i) {
+      if (want.empty() || want == ibv_get_device_name(list[i])) dev = list[i];
+    }
+    if (dev == nullptr) {
+      ibv_free_device_list(list);
+      return absl::NotFoundError(absl::StrCat("ibverbs: no device named '", want, "'"));
+    }
+    name_ = absl::StrCat("ibverbs/", ibv_get_device_name(dev));
+    ctx_ = ibv_open_device(dev);
+    ibv_free_device_list(list);
+    if (ctx_ == nullptr) return Errno("ibv_open_device");
+    return absl::OkStatus();
+  }
+
+  /// The port must be active; its GID at `gid_index` addresses us on RoCE.
+  absl::Status QueryPort(int gid_index) {
+    if (ibv_query_port(ctx_, static_cast<uint8_t>(opt_.port), &port_) != 0) return Errno("ibv_query_port");
+    if (port_.state != IBV_PORT_ACTIVE) {
+      return absl::UnavailableError(absl::StrCat(name_, " port ", opt_.port, " is not active"));
+    }
+    gid_index_ = gid_index;
+    if (ibv_query_gid(ctx_, static_cast<uint8_t>(opt_.port), gid_index_, &gid_) != 0) return Errno("ibv_query_gid");
+    return absl::OkStatus();
+  }
+
+  /// Protection domain, device limits, the atomics' scratch word, one completion queue for every QP and one shared
+  /// receive queue (immediates from any peer land there), filled with receives.
+  absl::Status CreateQueues() {
+    if ((pd_ = ibv_alloc_pd(ctx_)) == nullptr) return Errno("ibv_alloc_pd");
+    ibv_device_attr dev_attr{};
+    if (ibv_query_device(ctx_, &dev_attr) != 0) return Errno("ibv_query_device");
+    atomics_ = dev_attr.atomic_cap != IBV_ATOMIC_NONE;
+    // Outstanding RDMA reads / atomics per QP, within what the device allows as responder and initiator.
+    max_dest_rd_atomic_ = static_cast<uint8_t>(dev_attr.max_qp_rd_atom < 16 ? dev_attr.max_qp_rd_atom : 16);
+    max_rd_atomic_ = static_cast<uint8_t>(dev_attr.max_qp_init_rd_atom < 16 ? dev_attr.max_qp_init_rd_atom : 16);
+    // Atomics return the old value into local memory: one registered scratch word (its value is never read).
+    if ((atomic_mr_ = ibv_reg_mr(pd_, &atomic_result_, sizeof(atomic_result_), IBV_ACCESS_LOCAL_WRITE)) == nullptr) {
+      return Errno("ibv_reg_mr (atomic scratch)");
+    }
+    const int peers = opt_.num_ranks - 1;
+    const int cqe = opt_.queue_depth * (peers + 1) + 16;
+    if ((cq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0)) == nullptr) return Errno("ibv_create_cq");
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = static_cast<uint32_t>(opt_.queue_depth);
+    sa.attr.max_sge = 1;
+    if ((srq_ = ibv_create_srq(pd_, &sa)) == nullptr) return Errno("ibv_create_srq");
+    for (int i = 0; i < opt_.queue_depth; ++i) {
+      if (absl::Status s = PostReceive(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  /// One reliable-connected QP per peer, brought to INIT (Connect takes them to RTR and RTS with the peer's blob).
+  absl::Status CreateQueuePairs() {
+    qps_.assign(opt_.num_ranks, nullptr);
+    outstanding_.assign(opt_.num_ranks, 0);
+    for (int r = 0; r < opt_.num_ranks; ++r) {
+      if (r == opt_.rank) continue;
+      ibv_qp_init_attr qa{};
+      qa.send_cq = cq_;
+      qa.recv_cq = cq_;
+      qa.srq = srq_;
+      qa.qp_type = IBV_QPT_RC;
+      qa.sq_sig_all = 1;
+      qa.cap.max_send_wr = static_cast<uint32_t>(opt_.queue_depth);
+      qa.cap.max_send_sge = 1;
+      if ((qps_[r] = ibv_create_qp(pd_, &qa)) == nullptr) return Errno("ibv_create_qp (RC)");
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_INIT;
+      a.pkey_index = 0;
+      a.port_num = static_cast<uint8_t>(opt_.port);
+      a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+      if (ibv_modify_qp(qps_[r], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+        return Errno("ibv_modify_qp INIT");
+      }
+    }
+    return absl::OkStatus();
+  }
+
   static constexpr int kAccess =
       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
   struct Peer {

@@ -60,7 +60,8 @@ LLEP_HD constexpr bool WriteCmdFits(uint64_t local_off, uint64_t remote_off, uin
 LLEP_HD constexpr FifoCmd MakeWriteCmd(LlOp op, int half, int dst_rank, uint64_t local_off, uint64_t remote_off,
                                        uint64_t bytes) {
   FifoCmd c{};
-  c.w0 = ((remote_off >> kCmdOffsetShift) << 32) | (local_off >> kCmdOffsetShift);
+  c.w0 = JoinHalves(static_cast<uint32_t>(remote_off >> kCmdOffsetShift),
+                    static_cast<uint32_t>(local_off >> kCmdOffsetShift));
   c.w1 = bytes | (uint64_t(dst_rank & 0xFFFF) << kCmdDstShift) |
          (uint64_t(static_cast<uint32_t>(FifoOpcode::kWrite)) << kCmdOpcodeShift) |
          (uint64_t(static_cast<uint32_t>(op)) << kCmdOpShift) | (uint64_t(half & 1) << kCmdHalfShift);
@@ -90,8 +91,8 @@ LLEP_HD constexpr bool DecodeCmd(const FifoCmd& c, FifoCmdFields* f) {
   f->dst_rank = static_cast<int>((c.w1 >> kCmdDstShift) & 0xFFFF);
   f->bytes = c.w1 & 0xFFFFFFFFull;
   if (f->opcode == FifoOpcode::kWrite) {
-    f->local_off = (c.w0 & 0xFFFFFFFFull) << kCmdOffsetShift;
-    f->remote_off = (c.w0 >> 32) << kCmdOffsetShift;
+    f->local_off = uint64_t{LowHalf(c.w0)} << kCmdOffsetShift;
+    f->remote_off = uint64_t{HighHalf(c.w0)} << kCmdOffsetShift;
     f->signal_word = 0;
   } else {
     f->local_off = f->remote_off = 0;

@@ -38,8 +38,7 @@ inline constexpr int64_t kRegionAlign = 256;
 /// sent the expert in the low 32 bits, the first of them (a row of the expert's [R*T] block) in the high 32 bits.
 /// Dispatch receive writes it; combine send reads it. The only place the packing is spelled out.
 LLEP_HD constexpr int64_t PackLayoutRange(int64_t count, int64_t begin) {
-  return static_cast<int64_t>(static_cast<uint64_t>(count) & 0xFFFFFFFFu) |
-         static_cast<int64_t>(static_cast<uint64_t>(begin) << 32);
+  return static_cast<int64_t>(JoinHalves(static_cast<uint32_t>(begin), static_cast<uint32_t>(count)));
 }
 LLEP_HD constexpr int64_t LayoutRangeCount(int64_t word) { return word & 0xFFFFFFFF; }
 /// Signed, so a corrupt word shows as a negative begin that validation rejects.

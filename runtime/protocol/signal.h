@@ -23,9 +23,9 @@ inline constexpr uint32_t kSignalVersion = 1;
 
 // Signal word: [63:32] call sequence number (never 0 for a real call), [31:0] value. Dispatch: token messages
 // sent by that source. Combine: rows sent by that source. Zero-initialised memory therefore reads "nothing yet".
-LLEP_HD constexpr uint64_t PackSignal(uint32_t seq, uint32_t value) { return (uint64_t{seq} << 32) | value; }
-LLEP_HD constexpr uint32_t SignalSeq(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
-LLEP_HD constexpr uint32_t SignalValue(uint64_t word) { return static_cast<uint32_t>(word); }
+LLEP_HD constexpr uint64_t PackSignal(uint32_t seq, uint32_t value) { return JoinHalves(seq, value); }
+LLEP_HD constexpr uint32_t SignalSeq(uint64_t word) { return HighHalf(word); }
+LLEP_HD constexpr uint32_t SignalValue(uint64_t word) { return LowHalf(word); }
 
 /// True when `observed` is from a call after `expected` (modular, so sequence wrap-around is harmless). A
 /// receiver that sees this lost its message to a later call: more operations were in flight than allowed.

@@ -18,7 +18,7 @@ __global__ void PushKernel(protocol::FifoRingHandle ring, int per_warp, int* fai
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   if (threadIdx.x % 32 != 0) return;
   for (int i = 0; i < per_warp; ++i) {
-    const uint64_t word = (static_cast<uint64_t>(warp) << 32) | static_cast<uint32_t>(i);
+    const uint64_t word = protocol::JoinHalves(warp, i);
     if (!protocol::FifoPush(ring, protocol::MakeSignalCmd(protocol::LlOp::kCombine, i & 1, warp & 0xFFFF, word))) {
       atomicAdd(failures, 1);
       return;
@@ -73,7 +73,8 @@ TEST(FifoGpuTest, WarpsPushHostConsumesEverythingInOrder) {
 
   std::vector<int> next(kBlocks * kWarps, 0);
   DrainAndCheck(ring, int64_t{kBlocks} * kWarps * kPerWarp, failures, [&](const protocol::FifoCmdFields& f) {
-    const int warp = static_cast<int>(f.signal_word >> 32), seq = static_cast<int>(f.signal_word & 0xFFFFFFFF);
+    const int warp = static_cast<int>(protocol::HighHalf(f.signal_word)),
+              seq = static_cast<int>(protocol::LowHalf(f.signal_word));
     ASSERT_LT(warp, kBlocks * kWarps);
     ASSERT_EQ(seq, next[warp]) << "warp " << warp;
     ASSERT_EQ(f.dst_rank, warp & 0xFFFF);
@@ -90,7 +91,7 @@ __global__ void PushWarpKernel(protocol::FifoRingHandle ring, int rounds, int* f
   int sent = 0;
   for (int i = 0; i < rounds; ++i) {
     const bool active = (i + lane) % 3 != 0;
-    const uint64_t word = (static_cast<uint64_t>(warp) << 40) | (static_cast<uint64_t>(lane) << 32) | sent;
+    const uint64_t word = protocol::JoinHalves((warp << 8) | lane, sent);
     if (!protocol::FifoPushWarp(ring, protocol::MakeSignalCmd(protocol::LlOp::kDispatch, 0, lane, word), active)) {
       if (lane == 0) atomicAdd(failures, 1);
       return;
@@ -118,10 +119,11 @@ TEST(FifoGpuTest, WarpAggregatedPushesKeepEveryLaneInOrder) {
   for (int l = 0; l < 32; ++l) total += int64_t{kBlocks} * kWarps * per_lane_total[l];
   std::vector<int> next(kBlocks * kWarps * 32, 0);
   DrainAndCheck(ring, total, failures, [&](const protocol::FifoCmdFields& f) {
-    const int warp = static_cast<int>(f.signal_word >> 40), lane = static_cast<int>((f.signal_word >> 32) & 0xFF);
+    const int warp = static_cast<int>(protocol::HighHalf(f.signal_word) >> 8),
+              lane = static_cast<int>(protocol::HighHalf(f.signal_word) & 0xFF);
     ASSERT_LT(warp, kBlocks * kWarps);
     ASSERT_EQ(f.dst_rank, lane);
-    ASSERT_EQ(static_cast<int>(f.signal_word & 0xFFFFFFFF), next[warp * 32 + lane]) << "warp " << warp;
+    ASSERT_EQ(static_cast<int>(protocol::LowHalf(f.signal_word)), next[warp * 32 + lane]) << "warp " << warp;
     ++next[warp * 32 + lane];
   });
   cudaFree(failures);
