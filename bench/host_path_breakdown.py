@@ -58,10 +58,10 @@ def main():
     ptrs = [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])]
     stream = torch.cuda.current_stream().cuda_stream
     res['native dispatch (addresses ready)'] = _timed(lambda: rt.dispatch(
-        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, False, stream),
+        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, 0, False, stream),
         args.iters)
     res['native dispatch, hook send only'] = _timed(lambda: rt.receive(rt.dispatch(
-        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, True, stream),
+        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, 0, True, stream),
         stream), args.iters)
     res['native combine (addresses ready)'] = _timed(lambda: rt.combine(
         y.data_ptr(), False, topk.data_ptr(), w.data_ptr(), T, K, hd[1].data_ptr(), out.data_ptr(), 0, False, stream),

@@ -40,7 +40,10 @@ struct Exporter::Families {
   prometheus::Histogram* latency[2][protocol::kNumMetricPhases] = {};
   std::vector<prometheus::Counter*> recv_wait[2];     // [src]
   std::vector<prometheus::Counter*> dispatch_tokens;  // [dst]
-  std::vector<prometheus::Counter*> expert_recv;      // [local expert]
+  // [layer][local expert]. A layer's series appear with its first received token (layer 0's from the start), so a
+  // model with 61 layers exports 61 x E_loc series, not LLEP_METRICS_LAYERS x E_loc.
+  prometheus::Family<prometheus::Counter>* expert_recv_family = nullptr;
+  std::vector<std::vector<prometheus::Counter*>> expert_recv;
 };
 
 Exporter::Exporter(const protocol::MetricsLayout& layout, SnapshotFn snapshot, const ExporterOptions& options)
@@ -101,7 +104,9 @@ absl::Status Exporter::Init() {
                    .Register(*registry_);
   auto& recv = prometheus::BuildCounter()
                    .Name(kExpertRecvTokensTotal)
-                   .Help("Tokens received per local expert (the sum of recv_count over dispatches)")
+                   .Help(
+                       "Tokens received per MoE layer and local expert (the sum of recv_count over that layer's "
+                       "dispatches; expert is the global id)")
                    .Labels(constant)
                    .Register(*registry_);
   auto& bytes = prometheus::BuildGauge()
@@ -124,12 +129,11 @@ absl::Status Exporter::Init() {
     }
   }
   for (int d = 0; d < R; ++d) families_->dispatch_tokens.push_back(&sent.Add({{"dst_rank", std::to_string(d)}}));
-  for (int le = 0; le < E_loc; ++le) {
-    families_->expert_recv.push_back(
-        &recv.Add({{"local_expert", std::to_string(le)}, {"expert", std::to_string(options_.rank * E_loc + le)}}));
-  }
+  families_->expert_recv_family = &recv;
+  families_->expert_recv.resize(static_cast<size_t>(layout_.num_layers));
   {
     absl::MutexLock lock(&mu_);
+    AddLayerSeries(0);
     last_.assign(static_cast<size_t>(layout_.num_words()), 0);
   }
   LLEP_RETURN_IF_ERROR(Collect());
@@ -201,11 +205,27 @@ absl::Status Exporter::Collect() {
     }
   }
   for (int d = 0; d < m.num_ranks; ++d) families_->dispatch_tokens[d]->Increment(delta(m.sent_selections(d)));
-  for (int le = 0; le < m.num_local_experts; ++le) {
-    families_->expert_recv[le]->Increment(delta(m.expert_recv_tokens(le)));
+  for (int layer = 0; layer < m.num_layers; ++layer) {
+    std::vector<prometheus::Counter*>& series = families_->expert_recv[static_cast<size_t>(layer)];
+    for (int le = 0; le < m.num_local_experts; ++le) {
+      const double d = delta(m.expert_recv_tokens(layer, le));
+      if (d == 0) continue;
+      if (series.empty()) AddLayerSeries(layer);
+      series[static_cast<size_t>(le)]->Increment(d);
+    }
   }
   last_ = std::move(now);
   return absl::OkStatus();
+}
+
+void Exporter::AddLayerSeries(int layer) {
+  const int E_loc = layout_.num_local_experts;
+  std::vector<prometheus::Counter*>& series = families_->expert_recv[static_cast<size_t>(layer)];
+  for (int le = 0; le < E_loc; ++le) {
+    series.push_back(&families_->expert_recv_family->Add({{"layer", std::to_string(layer)},
+                                                          {"local_expert", std::to_string(le)},
+                                                          {"expert", std::to_string(options_.rank * E_loc + le)}}));
+  }
 }
 
 std::string Exporter::Text() const {

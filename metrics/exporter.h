@@ -64,6 +64,8 @@ class Exporter {
   Exporter(const protocol::MetricsLayout& layout, SnapshotFn snapshot, const ExporterOptions& options);
   absl::Status Init();
   void Loop();
+  /// Registers the series of one layer's experts (Init for layer 0, Collect when a layer first receives).
+  void AddLayerSeries(int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const protocol::MetricsLayout layout_;
   const SnapshotFn snapshot_;

@@ -22,7 +22,7 @@ using ::testing::Not;
 
 // A counter block the test writes as a backend would (AddOpLatencies and the layout's words).
 struct FakeBackend {
-  protocol::MetricsLayout layout = protocol::ComputeMetricsLayout(4, 3);
+  protocol::MetricsLayout layout = protocol::ComputeMetricsLayout(4, 3, /*num_layers=*/3);
   absl::Mutex mu;
   std::vector<uint64_t> words = std::vector<uint64_t>(static_cast<size_t>(layout.num_words()), 0);
   int snapshots = 0;
@@ -55,7 +55,7 @@ ExporterOptions NoHttp() {
 }
 
 TEST(MetricsLayout, WordsAreDistinctAndBucketsCoverAllLatencies) {
-  const protocol::MetricsLayout m = protocol::ComputeMetricsLayout(3, 5);
+  const protocol::MetricsLayout m = protocol::ComputeMetricsLayout(3, 5, /*num_layers=*/4);
   std::vector<int> seen(static_cast<size_t>(m.num_words()), 0);
   for (int op = 0; op < 2; ++op) {
     ++seen[m.ops(op)];
@@ -67,7 +67,9 @@ TEST(MetricsLayout, WordsAreDistinctAndBucketsCoverAllLatencies) {
     for (int r = 0; r < 3; ++r) ++seen[m.recv_wait_ns(op, r)];
   }
   for (int r = 0; r < 3; ++r) ++seen[m.sent_selections(r)];
-  for (int le = 0; le < 5; ++le) ++seen[m.expert_recv_tokens(le)];
+  for (int layer = 0; layer < 4; ++layer) {
+    for (int le = 0; le < 5; ++le) ++seen[m.expert_recv_tokens(layer, le)];
+  }
   for (int w = 0; w < m.num_words(); ++w) EXPECT_EQ(seen[w], 1) << "word " << w;
 
   EXPECT_EQ(protocol::LatencyBucket(0), 0);
@@ -94,7 +96,7 @@ TEST(Exporter, ExportsEveryCounterWithRankAndCallerLabels) {
   be.Add(m.timeouts(1), 1);
   be.Add(m.recv_wait_ns(0, 3), 2'500'000'000);
   be.Add(m.sent_selections(1), 17);
-  be.Add(m.expert_recv_tokens(2), 41);
+  be.Add(m.expert_recv_tokens(0, 2), 41);
   ASSERT_TRUE((*e)->Collect().ok());
   const std::string t = (*e)->Text();
   // prometheus-cpp renders the constant labels first (sorted), then the series' own, then le.
@@ -118,16 +120,26 @@ TEST(Exporter, ExportsEveryCounterWithRankAndCallerLabels) {
                                         R"(,op="combine",phase="recv_wait",le="+Inf"} 1)")));
   EXPECT_THAT(t, HasSubstr(absl::StrCat("llep_recv_wait_seconds_total{", lab, R"(,op="dispatch",src_rank="3"} 2.5)")));
   EXPECT_THAT(t, HasSubstr(absl::StrCat("llep_dispatch_tokens_total{", lab, R"(,dst_rank="1"} 17)")));
-  // Global expert id = rank * E_loc + local expert = 2 * 3 + 2.
-  EXPECT_THAT(t, HasSubstr(absl::StrCat("llep_expert_recv_tokens_total{", lab, R"(,expert="8",local_expert="2"} 41)")));
+  // Global expert id = rank * E_loc + local expert = 2 * 3 + 2. Layer 0's series exist from the start, the
+  // others only once their layer received something.
+  EXPECT_THAT(t, HasSubstr(absl::StrCat("llep_expert_recv_tokens_total{", lab,
+                                        R"(,expert="8",layer="0",local_expert="2"} 41)")));
+  EXPECT_THAT(t, HasSubstr(absl::StrCat("llep_expert_recv_tokens_total{", lab,
+                                        R"(,expert="6",layer="0",local_expert="0"} 0)")));
+  EXPECT_THAT(t, Not(HasSubstr(R"(layer="1")")));
+  EXPECT_THAT(t, Not(HasSubstr(R"(layer="2")")));
   EXPECT_THAT(t, HasSubstr(absl::StrCat("llep_buffer_bytes{", lab, R"(,kind="region"} 4096)")));
 
   // Increments since the last collection are added, not the totals again.
-  be.Add(m.expert_recv_tokens(2), 9);
+  be.Add(m.expert_recv_tokens(0, 2), 9);
+  be.Add(m.expert_recv_tokens(2, 1), 4);  // layer 2 appears, its other experts at 0; layer 1 stays absent
   be.Op(0, 20'000, 7'000, 90'000);
   ASSERT_TRUE((*e)->Collect().ok());
   const std::string t2 = (*e)->Text();
-  EXPECT_THAT(t2, HasSubstr("local_expert=\"2\"} 50"));
+  EXPECT_THAT(t2, HasSubstr(R"(expert="8",layer="0",local_expert="2"} 50)"));
+  EXPECT_THAT(t2, HasSubstr(R"(expert="7",layer="2",local_expert="1"} 4)"));
+  EXPECT_THAT(t2, HasSubstr(R"(expert="8",layer="2",local_expert="2"} 0)"));
+  EXPECT_THAT(t2, Not(HasSubstr(R"(layer="1")")));
   EXPECT_THAT(t2, HasSubstr(absl::StrCat("llep_ops_total{", lab, R"(,op="dispatch"} 3)")));
   EXPECT_THAT(t2, HasSubstr(absl::StrCat("llep_op_latency_seconds_count{", lab, R"(,op="dispatch",phase="send"} 3)")));
 }
@@ -178,7 +190,7 @@ TEST(Exporter, ServesOnLoopbackAndTheThreadCollects) {
   auto e = Exporter::Create(be.layout, be.Fn(), o);
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_GT((*e)->port(), 0);
-  be.Add(be.layout.expert_recv_tokens(1), 5);
+  be.Add(be.layout.expert_recv_tokens(0, 1), 5);
   // The collector thread picks it up without an explicit Collect().
   std::string body;
   for (int i = 0; i < 200 && body.find("local_expert=\"1\"} 5") == std::string::npos; ++i) {
@@ -186,7 +198,7 @@ TEST(Exporter, ServesOnLoopbackAndTheThreadCollects) {
     body = HttpGet((*e)->port(), "/metrics");
   }
   EXPECT_THAT(body, HasSubstr("200 OK"));
-  EXPECT_THAT(body, HasSubstr(R"(llep_expert_recv_tokens_total{rank="0",expert="1",local_expert="1"} 5)"));
+  EXPECT_THAT(body, HasSubstr(R"(llep_expert_recv_tokens_total{rank="0",expert="1",layer="0",local_expert="1"} 5)"));
   EXPECT_TRUE((*e)->last_status().ok());
 
   // A second exporter on the same port is refused with a clear error.

@@ -15,7 +15,7 @@ inline constexpr char kOpLatencySeconds[] = "llep_op_latency_seconds";
 inline constexpr char kRecvWaitSecondsTotal[] = "llep_recv_wait_seconds_total";
 /// (token, expert) selections dispatched to each rank, label dst_rank.
 inline constexpr char kDispatchTokensTotal[] = "llep_dispatch_tokens_total";
-/// Tokens received per local expert, labels local_expert, expert (global id).
+/// Tokens received per MoE layer and local expert, labels layer, local_expert, expert (global id).
 inline constexpr char kExpertRecvTokensTotal[] = "llep_expert_recv_tokens_total";
 /// Bytes of the communication buffer, label kind.
 inline constexpr char kBufferBytes[] = "llep_buffer_bytes";

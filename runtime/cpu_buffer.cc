@@ -30,7 +30,8 @@ uint64_t NowNs() {
 CpuBuffer::CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, const CpuBufferOptions& options)
     : layout_(layout), bootstrap_(bootstrap), options_(options), rank_(bootstrap.rank()) {
   if (options_.metrics) {
-    metrics_layout_ = protocol::ComputeMetricsLayout(layout.shape.num_ranks, layout.shape.num_local_experts());
+    metrics_layout_ = protocol::ComputeMetricsLayout(layout.shape.num_ranks, layout.shape.num_local_experts(),
+                                                     options_.metrics_layers);
     metrics_.assign(static_cast<size_t>(metrics_layout_.num_words()), 0);
   }
 }
@@ -127,7 +128,7 @@ absl::StatusOr<uint32_t> CpuBuffer::BeginSend(LlOp op) {
 
 absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   const protocol::LlShape& shape = layout_.shape;
-  LLEP_RETURN_IF_ERROR(ValidateDispatchCall(shape, call));
+  LLEP_RETURN_IF_ERROR(ValidateDispatchCall(shape, call, options_.metrics_layers));
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   absl::MutexLock lock(&mu_);
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kDispatch));
@@ -256,7 +257,7 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
   AddMetrics([&](std::vector<uint64_t>& m) {
     for (int le = 0; le < layout_.shape.num_local_experts(); ++le) {
-      m[metrics_layout_.expert_recv_tokens(le)] += static_cast<uint64_t>(c.recv_count[le]);
+      m[metrics_layout_.expert_recv_tokens(c.layer, le)] += static_cast<uint64_t>(c.recv_count[le]);
     }
   });
   return absl::OkStatus();

@@ -25,6 +25,7 @@
 #include "kernels/host/ll_host.h"
 #include "kernels/host/route_plan.h"
 #include "proxy/proxy.h"
+#include "runtime/base/env.h"
 #include "runtime/bootstrap.h"
 #include "runtime/call_sequence.h"
 #include "runtime/host_region.h"
@@ -41,6 +42,7 @@ struct CpuBufferOptions {
   absl::Duration timeout = absl::Seconds(30);  ///< receive wait before DeadlineExceeded names the silent ranks
   proxy::ProxyOptions proxy;
   bool metrics = true;  ///< keep the metrics counter block (runtime/protocol/metrics_layout.h)
+  int metrics_layers = base::kDefaultMetricsLayers;  ///< MoE layers counted apart; a dispatch's layer is below it
 };
 
 /// A sent operation waiting for its receive phase. Move-only; Receive() consumes it.

@@ -69,7 +69,7 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream) {
 }
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
-  LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call));
+  LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call, options_.metrics_layers));
   GpuPendingOp op;
   op.op = LlOp::kDispatch;
   static_cast<DispatchCall&>(op.dispatch) = call;

@@ -59,6 +59,7 @@ struct GpuBufferOptions {
   int num_ctas = 0;                            ///< CTAs per launch; 0 = the device's SM count
   bool kernel_trace = false;  ///< diagnostic timeline of the kernels (ll_kernels.h TracePoint); env LLEP_KERNEL_TRACE=1
   bool metrics = true;        ///< the kernels keep the metrics counter block (runtime/protocol/metrics_layout.h)
+  int metrics_layers = base::kDefaultMetricsLayers;  ///< MoE layers counted apart; a dispatch's layer is below it
   /// Virtual nodes (runtime/topology.h): -1 = env LLEP_RANKS_PER_NODE, else by host; 0 = by host; N = consecutive
   /// groups of N ranks per node (1 = every peer through the proxy).
   int ranks_per_node = -1;

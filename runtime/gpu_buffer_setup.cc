@@ -136,7 +136,7 @@ absl::Status GpuBuffer::InitLocal() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
   d_error_ = static_cast<protocol::DeviceErrorRecord*>(p);
   if (options_.metrics) {
-    metrics_layout_ = protocol::ComputeMetricsLayout(R, shape.num_local_experts());
+    metrics_layout_ = protocol::ComputeMetricsLayout(R, shape.num_local_experts(), options_.metrics_layers);
     const size_t bytes = static_cast<size_t>(metrics_layout_.num_bytes());
     LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
     d_metrics_ = static_cast<uint64_t*>(p);

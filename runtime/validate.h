@@ -25,7 +25,7 @@ absl::Status ValidateCounts(const protocol::LlShape& shape, int num_tokens, int 
 /// What can be checked of a dispatch / combine without reading its tensors (so for device memory too): counts,
 /// mode, required pointers. Both backends call these; the CPU backend also checks contents (below), the GPU
 /// kernels check them in place and report through their error record.
-absl::Status ValidateDispatchCall(const protocol::LlShape& shape, const DispatchCall& call);
+absl::Status ValidateDispatchCall(const protocol::LlShape& shape, const DispatchCall& call, int num_layers);
 absl::Status ValidateCombineCall(const protocol::LlShape& shape, const CombineCall& call);
 
 /// Every id in [-1, E), and no expert twice in one token's row (it would need two rows for one slot).

@@ -285,7 +285,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     if (blockIdx.x == 0) {
       p.recv_count[le] = acc;
       if (p.cumulative_local_expert_recv_stats != nullptr) atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
-      if (c.metrics != nullptr) AddMetric(c, c.metrics_layout.expert_recv_tokens(le), static_cast<uint64_t>(acc));
+      if (c.metrics != nullptr)
+        AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
     }
   }
   if (tid == 0) msg_start[R] = 0;

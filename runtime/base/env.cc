@@ -81,6 +81,7 @@ absl::StatusOr<Options> ReadOptions() {
   LLEP_RETURN_IF_ERROR(ReadInt("LLEP_NUM_CTAS", 0, &o.num_ctas));
   LLEP_RETURN_IF_ERROR(ReadBool("LLEP_METRICS", &o.metrics));
   LLEP_RETURN_IF_ERROR(ReadBool("LLEP_KERNEL_TRACE", &o.kernel_trace));
+  LLEP_RETURN_IF_ERROR(ReadInt("LLEP_METRICS_LAYERS", 1, &o.metrics_layers));
   LLEP_RETURN_IF_ERROR(ReadInt("LLEP_METRICS_PORT", 0, &o.metrics_port));
   ReadString("LLEP_METRICS_ADDR", &o.metrics_addr);
   ReadString("LLEP_METRICS_LABELS", &o.metrics_labels);

@@ -13,6 +13,10 @@
 
 namespace llep::base {
 
+/// MoE layers a buffer's counter block holds by default (LLEP_METRICS_LAYERS): DeepSeek-V3 has 61 layers, Qwen3-MoE
+/// 94. A dispatch's `layer` keyword must be below the buffer's count.
+inline constexpr int kDefaultMetricsLayers = 128;
+
 struct Options {
   std::string backend;          ///< LLEP_BACKEND: "cuda" / "cpu"; "" = cuda when built with CUDA and a GPU is seen
   std::string fabric_provider;  ///< LLEP_FABRIC_PROVIDER: proxy transport; "" = automatic (runtime/gpu_buffer.h)
@@ -23,6 +27,7 @@ struct Options {
   int num_ctas = 0;                            ///< LLEP_NUM_CTAS: CTAs per launch; 0 = one per SM
   bool metrics = true;                         ///< LLEP_METRICS: 0 switches the device counters off
   bool kernel_trace = false;                   ///< LLEP_KERNEL_TRACE: 1 records the kernels' timeline
+  int metrics_layers = kDefaultMetricsLayers;  ///< LLEP_METRICS_LAYERS: MoE layers counted apart (>= 1)
   int metrics_port = -1;                       ///< LLEP_METRICS_PORT: exporter base port; -1 (unset) = none
   std::string metrics_addr = "127.0.0.1";      ///< LLEP_METRICS_ADDR
   std::string metrics_labels;                  ///< LLEP_METRICS_LABELS: "k=v,k2=v2" constant labels
@@ -33,25 +38,12 @@ struct Options {
   int log_level = 1;                           ///< LLEP_LOG_LEVEL: 0 error, 1 warning, 2 info, 3 debug
 };
 
-inline constexpr const char* kOptionNames[] = {"LLEP_BACKEND",
-                                               "LLEP_FABRIC_PROVIDER",
-                                               "LLEP_FABRIC_NODE",
-                                               "LLEP_TIMEOUT_S",
-                                               "LLEP_PROXY_THREADS",
-                                               "LLEP_PROXY_SPIN",
-                                               "LLEP_NUM_CTAS",
-                                               "LLEP_METRICS",
-                                               "LLEP_KERNEL_TRACE",
-                                               "LLEP_METRICS_PORT",
-                                               "LLEP_METRICS_ADDR",
-                                               "LLEP_METRICS_LABELS",
-                                               "LLEP_METRICS_INTERVAL_S",
-                                               "LLEP_RANKS_PER_NODE",
-                                               "LLEP_IB_DEVICE",
-                                               "LLEP_IB_GID_INDEX",
-                                               "LLEP_LOG_LEVEL",
-                                               "LLEP_CPU_PORTABLE_FMA",
-                                               "LLEP_CPU_PORTABLE_FP8"};
+inline constexpr const char* kOptionNames[] = {
+    "LLEP_BACKEND",        "LLEP_FABRIC_PROVIDER",    "LLEP_FABRIC_NODE",      "LLEP_TIMEOUT_S",
+    "LLEP_PROXY_THREADS",  "LLEP_PROXY_SPIN",         "LLEP_NUM_CTAS",         "LLEP_METRICS",
+    "LLEP_KERNEL_TRACE",   "LLEP_METRICS_LAYERS",     "LLEP_METRICS_PORT",     "LLEP_METRICS_ADDR",
+    "LLEP_METRICS_LABELS", "LLEP_METRICS_INTERVAL_S", "LLEP_RANKS_PER_NODE",   "LLEP_IB_DEVICE",
+    "LLEP_IB_GID_INDEX",   "LLEP_LOG_LEVEL",          "LLEP_CPU_PORTABLE_FMA", "LLEP_CPU_PORTABLE_FP8"};
 
 /// Reads every option now (unset or empty = the default). InvalidArgument naming the variable for a value that does
 /// not parse or is out of range, so a typo is an error instead of a silently ignored setting.

@@ -19,6 +19,7 @@ struct DispatchCall {
   int num_tokens = 0;
   int num_topk = 0;
   DispatchMode mode;
+  int layer = 0;  ///< MoE layer the call serves (llep keyword): per-layer expert receive counts (metrics_layout.h)
   // Outputs, written by the receive phase (must stay alive until Receive returns):
   void* recv_x = nullptr;           ///< fp8: uint8 [E/R, R*T, H]; bf16: uint16 [E/R, R*T, H]
   void* recv_scales = nullptr;      ///< fp8: float [E/R, H/128, R*T]; ue8m0: int32 [E/R, H/512, R*T]

@@ -24,7 +24,7 @@
 
 namespace llep::protocol {
 
-inline constexpr uint32_t kMetricsLayoutVersion = 1;
+inline constexpr uint32_t kMetricsLayoutVersion = 2;  // 2: expert receive counts per (layer, local expert)
 
 /// Phases of an operation's latency histogram (see above).
 enum MetricPhase : int { kMetricSend = 0, kMetricRecvWait = 1, kMetricTotal = 2, kNumMetricPhases = 3 };
@@ -47,11 +47,13 @@ LLEP_HD constexpr int LatencyBucket(uint64_t ns) {
   return b;
 }
 
-/// Word offsets of the counter block for one buffer shape (R ranks, E_loc local experts). Ops are indexed by
-/// LlOp (0 dispatch, 1 combine).
+/// Word offsets of the counter block for one buffer shape (R ranks, E_loc local experts) and L MoE layers (the
+/// `layer` a dispatch names: engines share one buffer across layers, and expert placement needs each layer's load).
+/// Ops are indexed by LlOp (0 dispatch, 1 combine).
 struct MetricsLayout {
   int num_ranks = 0;
   int num_local_experts = 0;
+  int num_layers = 1;
 
   static constexpr int kOps = 2;
   /// Operations whose latency was binned, per op.
@@ -70,15 +72,18 @@ struct MetricsLayout {
   LLEP_HD constexpr int recv_wait_ns(int op, int src) const { return latency_sum_ns(kOps, 0) + op * num_ranks + src; }
   /// (token, expert) selections this rank's dispatches sent to rank `dst` (its own rank included).
   LLEP_HD constexpr int sent_selections(int dst) const { return recv_wait_ns(kOps, 0) + dst; }
-  /// Tokens this rank's dispatches received for local expert `le` (the sum of recv_count over calls).
-  LLEP_HD constexpr int expert_recv_tokens(int le) const { return sent_selections(num_ranks) + le; }
+  /// Tokens this rank's dispatches of MoE layer `layer` received for local expert `le` (the sum of recv_count over
+  /// those calls), [layer][le].
+  LLEP_HD constexpr int expert_recv_tokens(int layer, int le) const {
+    return sent_selections(num_ranks) + layer * num_local_experts + le;
+  }
   /// Words in the block.
-  LLEP_HD constexpr int num_words() const { return expert_recv_tokens(num_local_experts); }
+  LLEP_HD constexpr int num_words() const { return expert_recv_tokens(num_layers, 0); }
   LLEP_HD constexpr int64_t num_bytes() const { return int64_t{num_words()} * 8; }
 };
 
-LLEP_HD constexpr MetricsLayout ComputeMetricsLayout(int num_ranks, int num_local_experts) {
-  return MetricsLayout{num_ranks, num_local_experts};
+LLEP_HD constexpr MetricsLayout ComputeMetricsLayout(int num_ranks, int num_local_experts, int num_layers = 1) {
+  return MetricsLayout{num_ranks, num_local_experts, num_layers};
 }
 
 /// Records one finished operation's latencies (ns, per MetricPhase): calls add(word, value) for the op count, one

@@ -58,7 +58,7 @@ class BufferHolder {
   }
   /// The counter block decoded by its layout (the one definition, runtime/protocol/metrics_layout.h) into lists:
   /// ops [2], timeouts [2], latency_buckets [2][3][buckets] (not cumulative), latency_sum_ns [2][3],
-  /// latency_bounds_ns [bounds], recv_wait_ns [2][R], dispatch_selections [R], expert_recv_tokens [E_loc].
+  /// latency_bounds_ns [bounds], recv_wait_ns [2][R], dispatch_selections [R], expert_recv_tokens [layers][E_loc].
   pybind11::dict MetricsSnapshot() {
     const protocol::MetricsLayout m = Live()->metrics_layout();
     const std::vector<uint64_t> w = MetricsWords();
@@ -96,7 +96,11 @@ class BufferHolder {
     });
     py::list sent, recv;
     for (int r = 0; r < m.num_ranks; ++r) sent.append(w[m.sent_selections(r)]);
-    for (int le = 0; le < m.num_local_experts; ++le) recv.append(w[m.expert_recv_tokens(le)]);
+    for (int layer = 0; layer < m.num_layers; ++layer) {
+      py::list row;
+      for (int le = 0; le < m.num_local_experts; ++le) row.append(w[m.expert_recv_tokens(layer, le)]);
+      recv.append(row);
+    }
     d["dispatch_selections"] = sent;
     d["expert_recv_tokens"] = recv;
     return d;

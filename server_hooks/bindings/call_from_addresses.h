@@ -20,8 +20,9 @@ T* Ptr(uintptr_t addr) {
 inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
                                               bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
                                               uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
-                                              uintptr_t cumulative_stats, uintptr_t wait_stats) {
+                                              uintptr_t cumulative_stats, uintptr_t wait_stats, int layer) {
   DispatchCall c;
+  c.layer = layer;
   c.x = Ptr<const uint16_t>(x);
   c.topk_idx = Ptr<const int64_t>(topk);
   c.num_tokens = num_tokens;
@@ -59,15 +60,15 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
 /// (the pending operation when split, the hook's; else None). The positional order is llep/buffer.py's.
 template <typename Holder, typename Class>
 void DefCallMethods(Class& cls) {
-  cls.def("dispatch",
-          [](Holder& h, uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8, bool round_scale,
-             bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count, uintptr_t src_info,
-             uintptr_t layout_range, uintptr_t cumulative_stats, uintptr_t wait_stats, bool split, uintptr_t stream) {
-            return h.Dispatch(DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
-                                                        recv_x, recv_scales, recv_count, src_info, layout_range,
-                                                        cumulative_stats, wait_stats),
-                              split, stream);
-          });
+  cls.def("dispatch", [](Holder& h, uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
+                         bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+                         uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
+                         uintptr_t wait_stats, int layer, bool split, uintptr_t stream) {
+    return h.Dispatch(
+        DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
+                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats, layer),
+        split, stream);
+  });
   cls.def("combine", [](Holder& h, uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
                         int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split,
                         uintptr_t stream) {

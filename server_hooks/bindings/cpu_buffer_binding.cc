@@ -22,9 +22,10 @@ namespace {
 class PyCpuBuffer : public BufferHolder<CpuBuffer> {
  public:
   PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
-              double timeout_s, int proxy_threads, bool metrics) {
+              double timeout_s, int proxy_threads, bool metrics, int metrics_layers) {
     CpuBufferOptions opt;
     opt.metrics = metrics;
+    opt.metrics_layers = metrics_layers;
     opt.provider = provider;
     opt.timeout = absl::Seconds(timeout_s);
     opt.num_proxy_threads = proxy_threads;
@@ -96,9 +97,10 @@ void BindCpuBuffer(py::module_& m) {
   py::class_<PyCpuBuffer> c(m, "CpuBuffer", "One rank of the CPU backend (runtime/cpu_buffer.h).");
   BindMetricsMethods<PyCpuBuffer>(c);
   DefCallMethods<PyCpuBuffer>(c);
-  c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool>(), py::arg("T"),
+  c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool, int>(), py::arg("T"),
         py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
-        py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true)
+        py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true,
+        py::arg("metrics_layers") = base::kDefaultMetricsLayers)
       .def("receive", &PyCpuBuffer::Receive)
       .def("next_combine_buffer", &PyCpuBuffer::NextCombineBuffer)
       .def_property_readonly("combine_row_stride", &PyCpuBuffer::combine_row_stride)

@@ -24,8 +24,10 @@ cudaStream_t Stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 class PyGpuBuffer : public BufferHolder<GpuBuffer> {
  public:
   PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s, int num_ctas,
-              bool kernel_trace, bool metrics, int ranks_per_node, std::string transport, int proxy_threads) {
+              bool kernel_trace, bool metrics, int ranks_per_node, std::string transport, int proxy_threads,
+              int metrics_layers) {
     GpuBufferOptions opt;
+    opt.metrics_layers = metrics_layers;
     opt.ranks_per_node = ranks_per_node;
     opt.transport = std::move(transport);
     opt.num_proxy_threads = proxy_threads;
@@ -105,11 +107,11 @@ void BindGpuBuffer(py::module_& m) {
                             "One rank of the GPU backend: NVLink and proxy peers (runtime/gpu_buffer.h).");
   BindMetricsMethods<PyGpuBuffer>(c);
   DefCallMethods<PyGpuBuffer>(c);
-  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool, int, std::string, int>(),
+  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool, int, std::string, int, int>(),
         py::arg("T"), py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"),
         py::arg("device"), py::arg("timeout_s"), py::arg("num_ctas"), py::arg("kernel_trace") = false,
         py::arg("metrics") = true, py::arg("ranks_per_node") = -1, py::arg("transport") = "",
-        py::arg("proxy_threads") = 1)
+        py::arg("proxy_threads") = 1, py::arg("metrics_layers") = base::kDefaultMetricsLayers)
       .def("peer_paths", &PyGpuBuffer::PeerPaths, "How this rank reaches each rank: 'self', 'nvlink' or 'proxy'.")
       .def("proxy_stats", &PyGpuBuffer::ProxyStats,
            "The proxy's transport and counters (commands, writes_posted, bytes_posted, immediates); zeros and an "

@@ -43,6 +43,7 @@ PYBIND11_MODULE(_llep, m) {
         d["num_ctas"] = o->num_ctas;
         d["metrics"] = o->metrics;
         d["kernel_trace"] = o->kernel_trace;
+        d["metrics_layers"] = o->metrics_layers;
         d["metrics_port"] = o->metrics_port;
         d["metrics_addr"] = o->metrics_addr;
         d["metrics_labels"] = o->metrics_labels;

@@ -235,12 +235,13 @@ class Buffer:
             self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
                                            self._device.index, o['timeout_s'], o['num_ctas'], o['kernel_trace'],
                                            self._metrics, -1 if self.allow_nvlink_for_low_latency_mode else 1,
-                                           o['fabric_provider'], o['proxy_threads'])
+                                           o['fabric_provider'], o['proxy_threads'], o['metrics_layers'])
         elif self.backend == 'cpu':
             self._device = torch.device('cpu')
             o = self._options
             self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
-                                           o['fabric_provider'], o['timeout_s'], o['proxy_threads'], self._metrics)
+                                           o['fabric_provider'], o['timeout_s'], o['proxy_threads'], self._metrics,
+                                           o['metrics_layers'])
         else:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
@@ -273,7 +274,9 @@ class Buffer:
         ('send', 'recv_wait', 'total') a dict with 'bounds_s' (bucket upper bounds), 'counts' (per bucket, the
         last one +Inf, not cumulative), 'sum_s', 'count'; recv_wait_s: per op a float64 tensor [group_size];
         dispatch_selections: int64 [group_size] ((token, expert) selections sent per destination rank);
-        expert_recv_tokens: int64 [num_local_experts] (equals the sum of recv_count over dispatches).
+        layer_expert_recv_tokens: int64 [LLEP_METRICS_LAYERS, num_local_experts], the sum of recv_count over the
+        dispatches of each layer (the `layer` keyword of low_latency_dispatch); expert_recv_tokens: int64
+        [num_local_experts], its sum over layers.
         On the GPU an operation's latencies are binned by a later operation's receive launch; `flush` first
         queues that binning on the current stream and waits for it (the only synchronisation here)."""
         runtime = self._metrics_runtime()
@@ -292,6 +295,7 @@ class Buffer:
                              'sum_s': raw['latency_sum_ns'][i][j] / 1e9,
                              'count': int(sum(raw['latency_buckets'][i][j]))}
                         for j, ph in enumerate(phases)} for i, op in enumerate(ops)}
+        per_layer = torch.tensor(raw['expert_recv_tokens'], dtype=torch.int64)
         return {
             'ops': dict(zip(ops, raw['ops'])),
             'timeouts': dict(zip(ops, raw['timeouts'])),
@@ -299,7 +303,8 @@ class Buffer:
             'recv_wait_s': {op: torch.tensor(raw['recv_wait_ns'][i], dtype=torch.float64) / 1e9
                             for i, op in enumerate(ops)},
             'dispatch_selections': torch.tensor(raw['dispatch_selections'], dtype=torch.int64),
-            'expert_recv_tokens': torch.tensor(raw['expert_recv_tokens'], dtype=torch.int64),
+            'layer_expert_recv_tokens': per_layer,
+            'expert_recv_tokens': per_layer.sum(dim=0),
         }
 
     def start_metrics_exporter(self, port: int = 0, address: str = '127.0.0.1',
@@ -420,7 +425,7 @@ class Buffer:
                              num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
                              dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
                              round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
-                             return_recv_hook: bool = False, **kwargs: Any) -> \
+                             return_recv_hook: bool = False, *, layer: int = 0, **kwargs: Any) -> \
             Tuple[Union[Tuple[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, Tuple, EventOverlap,
                   Optional[Callable[[], None]]]:
         """Sends each token to its top-k experts (DeepEP V1 semantics; see shared/spec/deepep-ll-api.md §4.1).
@@ -428,6 +433,11 @@ class Buffer:
         Returns (recv_x or (recv_x, recv_x_scales), recv_count, handle, event, hook). recv_x is
         [num_local_experts, num_ranks * T, hidden]; rows of one (expert, source rank) block are in source-token
         order and blocks in source order, so the result is deterministic.
+
+        layer (llep keyword, default 0): the MoE layer this call serves, so the per-expert receive counts are kept per
+        layer (metrics_snapshot()['layer_expert_recv_tokens'], llep_expert_recv_tokens_total{layer=...}); it is an
+        argument of the kernels, so a captured graph keeps counting each of its dispatches under its own layer.
+        Must be in [0, LLEP_METRICS_LAYERS).
         """
         if kwargs:
             _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
@@ -459,7 +469,7 @@ class Buffer:
                 layout_range.data_ptr(),
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
                 0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
-                return_recv_hook, self._stream())
+                layer, return_recv_hook, self._stream())
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook, (

@@ -15,7 +15,8 @@ kernels pushed their traffic to the CPU proxy. Then it replays them --steps time
 input variant, each rank its own graph size among those that hold its tokens (so ranks replay different graphs at
 once), and every result (combined output, recv_count, layout_range, recv_x bytes, scales, src_info of every
 dispatch) is compared bit for bit with the CPU backend's result for that variant on the GPU, without a host sync
-per step. Afterwards the kernels' metrics must count exactly the operations the replays and warm-ups ran.
+per step. Afterwards the kernels' metrics must count exactly the operations the replays and warm-ups ran. A graph of
+three dispatches of different MoE layers (the `layer` keyword) counts each layer's tokens in its own row on replay.
 Hooks captured in other graphs than their sends, replayed out of order and after a send graph replayed twice,
 still pair with the right operation (the device pairs them by tag). Misuse the device must catch where the host
 cannot see it (every call was legal in capture order): a graph that only sends, replayed a third time before a
@@ -252,6 +253,47 @@ def _cross_graph_hooks(rank, T, gloo, log):
     buf.destroy()
 
 
+def _layers_in_graph(rank, T, gloo, log, replays=25):
+    """One graph runs three MoE layers (dispatch with layer=0, 5, 2, then combine, each with its own routing) through
+    one buffer, as an engine's decode step does: the layer is a kernel argument baked into the capture, so every
+    replay adds each layer's receive counts to its own row of the per-layer expert counters, exactly (replays x that
+    layer's recv_count), and nothing to other rows."""
+    dev = torch.device('cuda', torch.cuda.current_device())
+    buf = _buffer(gloo, 'cuda', T)
+    layers = (0, 5, 2)
+    ins = [graph_steps.make_inputs(rank, v, T, H, E, K, dev) for v in range(len(layers))]
+
+    def step():
+        counts = []
+        for (x, ids, w), layer in zip(ins, layers):
+            recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, ids, T, E, use_fp8=False, layer=layer)
+            buf.low_latency_combine(recv_x, ids, w, handle)
+            counts.append(count)
+        return counts
+
+    counts = [c.clone() for c in step()]  # eager, once: the per-layer recv_count to expect
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    before = buf.metrics_snapshot()['layer_expert_recv_tokens']
+    for _ in range(replays):
+        graph.replay()
+    after = buf.metrics_snapshot()['layer_expert_recv_tokens']
+    want = torch.zeros_like(before)
+    for c, layer in zip(counts, layers):
+        want[layer] += replays * c.cpu().to(torch.int64)
+    errs = []
+    if not torch.equal(after - before, want):
+        rows = sorted(set((after - before).nonzero()[:, 0].tolist()) | set(layers))
+        errs.append(f'per-layer counts over {replays} replays: rows {rows} got '
+                    f'{[(after - before)[r].tolist() for r in rows]}, want {[want[r].tolist() for r in rows]}')
+    log({'check': 'layer_keyword_baked_into_graph', 'rank': rank, 'ok': not errs, 'errors': errs})
+    del graph
+    torch.cuda.synchronize()
+    buf.destroy()
+
+
 def _misuse(rank, T, gloo, log):
     """Graphs whose replays break the in-flight rule: the device reports them (the host saw a valid capture)."""
     dev = torch.device('cuda', torch.cuda.current_device())
@@ -322,6 +364,7 @@ def _worker(rank, R, port, T, steps, results_path):
     try:
         _soak(rank, R, T, steps, gloo, log)
         _cross_graph_hooks(rank, T, gloo, log)
+        _layers_in_graph(rank, T, gloo, log)
         _misuse(rank, T, gloo, log)
     except Exception:
         log({'check': 'exception', 'rank': rank, 'ok': False, 'errors': [traceback.format_exc()[-2000:]]})

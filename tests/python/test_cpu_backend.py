@@ -72,7 +72,8 @@ def _check_round(buf, rank, seed, use_fp8, round_scale, use_ue8m0, hook_mode, th
     wait = torch.zeros(R, dtype=torch.int64)
     recv, count, handle, event, hook = buf.low_latency_dispatch(
         x, topk, T, E, cumulative_local_expert_recv_stats=stats, dispatch_wait_recv_cost_stats=wait, use_fp8=use_fp8,
-        round_scale=round_scale, use_ue8m0=use_ue8m0, async_finish=not hook_mode, return_recv_hook=hook_mode)
+        round_scale=round_scale, use_ue8m0=use_ue8m0, async_finish=not hook_mode, return_recv_hook=hook_mode,
+        layer=seed % 3)
     if hook_mode:
         assert callable(hook) and event.event is None
         if threaded_hook:  # vLLM runs receive hooks on another CPU thread
@@ -141,21 +142,26 @@ def _check_round(buf, rank, seed, use_fp8, round_scale, use_ue8m0, hook_mode, th
 
 def _check_metrics(buf, rank, rounds):
     """The counters after `rounds` rounds of _check_round (one dispatch and two combines each) are exact: tokens
-    per local expert = every source's selections of them, selections per destination = this rank's routing, one
-    histogram entry per operation and phase; the exporter serves the same numbers on loopback."""
+    per (layer, local expert) = every source's selections of them in that layer's dispatches (round s is layer
+    s % 3), selections per destination = this rank's routing, one histogram entry per operation and phase; the
+    exporter serves the same numbers on loopback."""
     import urllib.request
     E_loc = E // R
-    want_recv = torch.zeros(E_loc, dtype=torch.int64)
+    want_layer = torch.zeros((3, E_loc), dtype=torch.int64)
     want_sent = torch.zeros(R, dtype=torch.int64)
     for s in range(1, rounds + 1):
         for src in range(R):
             ids = _inputs(src, s)[1]
             ids = ids[ids >= 0]
             mine = ids[ids // E_loc == rank] - rank * E_loc
-            want_recv += torch.bincount(mine, minlength=E_loc)
+            want_layer[s % 3] += torch.bincount(mine, minlength=E_loc)
             if src == rank:
                 want_sent += torch.bincount(ids // E_loc, minlength=R)
+    want_recv = want_layer.sum(dim=0)
     snap = buf.metrics_snapshot()
+    per_layer = snap['layer_expert_recv_tokens']
+    assert per_layer.shape == (128, E_loc), per_layer.shape  # LLEP_METRICS_LAYERS' default
+    assert torch.equal(per_layer[:3], want_layer) and not per_layer[3:].any()
     assert torch.equal(snap['expert_recv_tokens'], want_recv)
     assert torch.equal(snap['dispatch_selections'], want_sent)
     assert snap['ops'] == {'dispatch': rounds, 'combine': 2 * rounds}
@@ -172,10 +178,12 @@ def _check_metrics(buf, rank, rounds):
         buf.start_metrics_exporter(port=0)
     text = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()
     assert f'llep_ops_total{{model_name="cpu-test",rank="{rank}",op="dispatch"}} {rounds}' in text
-    for le in range(E_loc):
-        g = rank * E_loc + le
-        assert (f'llep_expert_recv_tokens_total{{model_name="cpu-test",rank="{rank}",expert="{g}",'
-                f'local_expert="{le}"}} {int(want_recv[le])}') in text
+    for layer in range(3):
+        for le in range(E_loc):
+            g = rank * E_loc + le
+            assert (f'llep_expert_recv_tokens_total{{model_name="cpu-test",rank="{rank}",expert="{g}",'
+                    f'layer="{layer}",local_expert="{le}"}} {int(want_layer[layer, le])}') in text
+    assert 'layer="3"' not in text
     buf.stop_metrics_exporter()
     with pytest.raises(ValueError, match='interval_s'):
         buf.start_metrics_exporter(interval_s=0)
@@ -209,6 +217,10 @@ def _worker(rank, port, provider):
         bad = topk.clone()
         bad[0, 0] = E
         buf.low_latency_dispatch(x, bad, T, E)
+    with pytest.raises(ValueError, match=r'layer 128 is outside \[0, 128\)'):
+        buf.low_latency_dispatch(x, topk, T, E, layer=128)
+    with pytest.raises(ValueError, match='layer -1'):
+        buf.low_latency_dispatch(x, topk, T, E, layer=-1)
     with pytest.raises(ValueError, match='num_tokens'):
         big = torch.zeros((T + 1, H), dtype=torch.bfloat16)
         buf.low_latency_dispatch(big, torch.zeros((T + 1, K), dtype=torch.int64), T, E)
