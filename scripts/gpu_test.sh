@@ -39,6 +39,10 @@ if [ $tests = 1 ]; then
   fi
   timeout 300 python3 tests/gpu/graph_test.py --results "$LOGS/graph_test.jsonl" ${LLEP_GRAPH_TEST_ARGS:-} \
     > "$LOGS/graph_test.log" 2>&1 || rc=1
+  # Issue #15: the module of this toolchain exports its init function only and shares the process's C++ runtime;
+  # its exporter survives 1,000 scrapes under load with exact per-(layer, expert) counts.
+  python3 tests/lint/check_module_exports.py "$BUILD_DIR"/python/llep/_llep*.so > "$LOGS/module_exports.log" 2>&1 || rc=1
+  timeout 300 python3 tests/python/test_metrics_scrape.py --device cuda > "$LOGS/metrics_scrape.log" 2>&1 || rc=1
 fi
 if [ $all = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1 || rc=1
@@ -53,6 +57,7 @@ if [ $tests = 1 ]; then
   echo "== GPU vs CPU over 2 virtual nodes (proxy path)"
   grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu_proxy.log" 2>/dev/null | head -20
   echo "== CUDA graphs"; grep -E "PASS|FAIL|rank .*:|graph_test:|Error" "$LOGS/graph_test.log" | head -30
+  echo "== Python module and metrics scrape"; cat "$LOGS/module_exports.log"; tail -4 "$LOGS/metrics_scrape.log"
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
 [ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""The Python extension module exports PyInit_<name> and nothing else (issue #15).
+"""The Python extension module exports PyInit_<name> and nothing else, and uses the shared C++ runtime (issue #15).
 
 Any other defined dynamic symbol lets the process's shared libraries bind to the module's private copy of a
-function: on the GPU machine prometheus-cpp's text serializer called the module's `std::ostream << double` and the
-first /metrics scrape killed the serving process. Reads the dynamic symbol table with `nm -D --defined-only`.
+function: on the GPU machine (whose compiler linked libstdc++ statically into the module) prometheus-cpp's text
+serializer called the module's copy of `std::ostream << double` and the first /metrics scrape killed the serving
+process. And a module of C++ code that does not need libstdc++.so.6 carries a second C++ runtime beside the one its
+shared dependencies use. Reads the dynamic symbol table (`nm -D --defined-only`) and the NEEDED entries
+(`readelf -d`).
 
 Usage: check_module_exports.py MODULE.so
 """
@@ -36,8 +39,13 @@ def main():
     if extra:
         demangled = subprocess.run(['c++filt'], input='\n'.join(extra), capture_output=True, text=True).stdout.split('\n')
         print(f'ERROR: {path} exports {len(extra)} symbols besides {want}, e.g.:', *demangled[:20], sep='\n  ')
-    if want in names and not extra:
-        print(f'{path}: exports {want} only')
+    needed = subprocess.run(['readelf', '-d', path], check=True, capture_output=True, text=True).stdout
+    shared_runtime = 'libstdc++.so' in needed
+    if not shared_runtime:
+        print(f'ERROR: {path} does not need libstdc++.so: the C++ runtime was linked into it (a second copy in the '
+              'process; see server_hooks/CMakeLists.txt)')
+    if want in names and not extra and shared_runtime:
+        print(f'{path}: exports {want} only and uses the shared C++ runtime')
         return 0
     return 1
 
