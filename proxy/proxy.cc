@@ -56,6 +56,9 @@ struct Proxy::Thread {
   std::atomic<uint64_t> beats{0};
   std::atomic<int> peer{-1};
   std::atomic<bool> wedged{false}, exited{false};
+  // isolate_peer_failures: set once the thread failed; it then only drops what producers push (error under mu_).
+  std::atomic<bool> failed{false};
+  absl::Status error;
   void Beat() { beats.store(beats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 };
 
@@ -82,6 +85,11 @@ absl::StatusOr<ProxyPtr> Proxy::Create(const protocol::LlLayout& layout, int ran
         absl::StrCat("fifo_entries must be a power of two >= 2, got ", options.fifo_entries));
   }
   if (options.stall_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("stall_timeout must be > 0");
+  if (options.isolate_peer_failures && static_cast<int>(transports.size()) < layout.shape.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("isolating peer failures needs a thread per peer: ", transports.size(), " threads for ",
+                     layout.shape.num_ranks, " ranks"));
+  }
   ProxyPtr p(new Proxy(layout, rank, region, options));
   const size_t keys = static_cast<size_t>(protocol::kNumLlOps) * protocol::kNumHalves * layout.shape.num_ranks;
   for (size_t i = 0; i < transports.size(); ++i) {
@@ -173,11 +181,13 @@ void Proxy::Watch() {
       }
       if (now - seen[i].since < options_.stall_timeout || t.wedged.load(std::memory_order_relaxed)) continue;
       t.wedged.store(true, std::memory_order_relaxed);
-      Abort(absl::DeadlineExceededError(absl::StrCat(
-          "proxy thread ", i, " (", t.transport->Name(), ") has been inside one transport call for ",
-          absl::FormatDuration(now - seen[i].since), " (last destination rank ", t.peer.load(std::memory_order_relaxed),
-          "): the transport is wedged, typically by a peer process that died inside it (libfabric's shm provider "
-          "spins on a lock in the dead peer's shared memory); this buffer cannot be used again")));
+      Fail(&t,
+           absl::DeadlineExceededError(absl::StrCat(
+               "proxy thread ", i, " (", t.transport->Name(), ") has been inside one transport call for ",
+               absl::FormatDuration(now - seen[i].since), " (last destination rank ",
+               t.peer.load(std::memory_order_relaxed),
+               "): the transport is wedged, typically by a peer process that died inside it (libfabric's shm provider "
+               "spins on a lock in the dead peer's shared memory)")));
     }
   }
 }
@@ -187,6 +197,31 @@ const protocol::FifoRingHandle& Proxy::ring(int i) const { return threads_[i]->h
 absl::Status Proxy::status() const {
   absl::MutexLock lock(&mu_);
   return first_error_;
+}
+
+void Proxy::Fail(Thread* t, const absl::Status& why) {
+  if (!options_.isolate_peer_failures) {
+    Abort(why);
+    return;
+  }
+  if (t->failed.load(std::memory_order_relaxed)) return;
+  {
+    absl::MutexLock lock(&mu_);
+    t->error = why;
+  }
+  t->failed.store(true, std::memory_order_release);
+  LLEP_LOG(kWarning) << "proxy: " << why.message() << "; its peer is left to the owner to mask";
+}
+
+bool Proxy::PeerFailed(int peer) const {
+  return options_.isolate_peer_failures &&
+         threads_[ThreadFor(rank_, peer, num_threads())]->failed.load(std::memory_order_acquire);
+}
+
+absl::Status Proxy::PeerStatus(int peer) const {
+  if (!PeerFailed(peer)) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  return threads_[ThreadFor(rank_, peer, num_threads())]->error;
 }
 
 void Proxy::Abort(const absl::Status& why) {
@@ -214,11 +249,15 @@ void Proxy::Run(Thread* t) {
   while (!stop_.load(std::memory_order_acquire)) {
     t->Beat();
     bool did_work = false;
-    absl::Status s = Sweep(t, &did_work);
-    if (!s.ok()) {
+    if (t->failed.load(std::memory_order_relaxed)) {
+      // Retired (isolate_peer_failures): its transport is not touched again; what producers still push is dropped
+      // so they never block on a full ring.
+      did_work = t->consumer->Poll(t->batch.data(), static_cast<int>(t->batch.size())) > 0;
+    } else if (absl::Status s = Sweep(t, &did_work); !s.ok()) {
       // Never exit the loop on error: record it, wake producers and receivers, keep draining completions so
       // peers that still progress through us (manual-progress providers) are not stalled.
-      Abort(absl::Status(s.code(), absl::StrCat("proxy thread (", t->transport->Name(), "): ", s.message())));
+      Fail(t, absl::Status(s.code(), absl::StrCat("proxy thread (", t->transport->Name(), ", last destination rank ",
+                                                  t->peer.load(std::memory_order_relaxed), "): ", s.message())));
     }
     if (did_work) {
       idle = 0;

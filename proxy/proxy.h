@@ -41,6 +41,12 @@ struct ProxyOptions {
   /// receivers get an error naming the peer) and Stop() abandons the thread instead of joining it. A healthy call
   /// returns in microseconds.
   absl::Duration stall_timeout = absl::Seconds(2);
+  /// Rank masking (DeepEP's shrink mode): a thread's failure (a transport error, or the wedge above) is confined to
+  /// that thread instead of aborting the proxy. The thread stops using its transport, drops what producers push to
+  /// it, and PeerFailed() reports the peers it serves, which the owner then masks. Needs one thread per peer
+  /// (num_threads >= num_ranks, so ThreadFor gives every peer its own thread): a dead peer then takes down only the
+  /// thread that talked to it.
+  bool isolate_peer_failures = false;
 };
 
 /// Ring memory owned outside the proxy, for producers that cannot write the proxy's heap: a GPU pushes into pinned
@@ -87,6 +93,10 @@ class Proxy {
   bool failed() const { return __atomic_load_n(&abort_flag_, __ATOMIC_ACQUIRE) != 0; }
   /// Raises the abort flag and records `why` (first error wins). Threads keep draining completions.
   void Abort(const absl::Status& why);
+  /// options.isolate_peer_failures: whether the thread serving `peer` failed (one relaxed load; false otherwise).
+  bool PeerFailed(int peer) const;
+  /// The error that took down the thread serving `peer` (OK while it is healthy).
+  absl::Status PeerStatus(int peer) const;
   ProxyStats stats() const;
   /// Stops the threads, waiting at most options.stall_timeout for each to leave the transport call it is in. Returns
   /// false if one is wedged there: it is detached, and the proxy, its transports and the memory they read and write
@@ -110,6 +120,8 @@ class Proxy {
   template <typename PostFn>
   absl::Status PostUntilAccepted(Thread* t, uint64_t bytes, const PostFn& post);
   absl::Status Progress(Thread* t, bool* did_work);
+  /// A thread's failure: aborts the proxy, or (isolate_peer_failures) retires that thread alone.
+  void Fail(Thread* t, const absl::Status& why);
 
   protocol::LlLayout layout_;
   int rank_;
