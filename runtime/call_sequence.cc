@@ -53,6 +53,16 @@ bool CallSequence::Received(uint32_t seq) {
   return true;
 }
 
+void CallSequence::Restart(uint32_t last) {
+  last_ = last;
+  last_op_ = protocol::LlOp::kDispatch;
+  newest_received_ = 0;
+  for (auto& per_op : regions_) {
+    for (Region& r : per_op) r = Region{};
+  }
+  unreceived_.clear();
+}
+
 void CallSequence::Finish(uint32_t seq, protocol::LlOp op) {
   Region& r = regions_[static_cast<int>(op)][protocol::HalfOfSeq(seq)];
   r.last_seq = seq;

@@ -39,6 +39,11 @@ class CallSequence {
   bool Received(uint32_t seq);
   /// `seq` (the last Begin) was launched with its receive phase: received at once.
   void Completed(uint32_t seq) { Finish(seq, last_op_); }
+  /// Starts over after a collective reset (clean_low_latency_buffer): the next send takes NextCallSeq(last), nothing
+  /// is in flight (an unreceived operation is abandoned: its receive is refused) and no region is held by a peer.
+  void Restart(uint32_t last);
+  /// The last sequence number taken (0 before the first send).
+  uint32_t last() const { return last_; }
 
  private:
   struct Waiting {

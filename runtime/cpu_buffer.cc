@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proxy/fabric/fabric_transport.h"
+#include "runtime/base/log.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/protocol/signal.h"
 #include "runtime/protocol/sys_order.h"
@@ -34,6 +35,45 @@ CpuBuffer::CpuBuffer(const protocol::LlLayout& layout, Bootstrap& bootstrap, con
                                                      options_.metrics_layers);
     metrics_.assign(static_cast<size_t>(metrics_layout_.num_words()), 0);
   }
+  masks_.reset(new std::atomic<int32_t>[layout.shape.num_ranks]);
+  for (int r = 0; r < layout.shape.num_ranks; ++r) masks_[r].store(0, std::memory_order_relaxed);
+  if (options_.shrink) {
+    options_.num_proxy_threads = std::max(options_.num_proxy_threads, layout.shape.num_ranks);
+    options_.proxy.isolate_peer_failures = true;
+  }
+}
+
+absl::Status CpuBuffer::SetMasked(int rank, bool masked) {
+  if (!options_.shrink) return absl::FailedPreconditionError("rank masking needs a buffer created with enable_shrink");
+  if (rank < 0 || rank >= layout_.shape.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank_to_mask ", rank, " is outside [0, ", layout_.shape.num_ranks, ")"));
+  }
+  masks_[rank].store(masked ? 1 : 0, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> CpuBuffer::Masks() const {
+  std::vector<int32_t> m(layout_.shape.num_ranks);
+  for (int r = 0; r < layout_.shape.num_ranks; ++r) m[r] = masks_[r].load(std::memory_order_acquire);
+  return m;
+}
+
+void CpuBuffer::ClearMasks() {
+  for (int r = 0; r < layout_.shape.num_ranks; ++r) masks_[r].store(0, std::memory_order_release);
+}
+
+std::vector<uint8_t> CpuBuffer::MaskForCall() {
+  std::vector<uint8_t> m;
+  if (!options_.shrink) return m;
+  m.resize(layout_.shape.num_ranks);
+  for (int r = 0; r < layout_.shape.num_ranks; ++r) {
+    if (r != rank_ && proxy_ != nullptr && proxy_->PeerFailed(r) && masks_[r].exchange(1) == 0) {
+      LLEP_LOG(kWarning) << "rank " << rank_ << " masks rank " << r << ": " << proxy_->PeerStatus(r).message();
+    }
+    m[r] = masks_[r].load(std::memory_order_acquire) != 0 ? 1 : 0;
+  }
+  return m;
 }
 
 std::vector<uint64_t> CpuBuffer::MetricsSnapshot() const {
@@ -106,8 +146,9 @@ absl::Status CpuBuffer::Init() {
   return bootstrap_.Barrier();
 }
 
-kernels::HostRankContext CpuBuffer::Context() const {
-  return kernels::HostRankContext{layout_, rank_, region_.data(), peers_.data()};
+kernels::HostRankContext CpuBuffer::Context(const std::vector<uint8_t>* masked) const {
+  return kernels::HostRankContext{layout_, rank_, region_.data(), peers_.data(),
+                                  masked != nullptr && !masked->empty() ? masked->data() : nullptr};
 }
 
 proxy::ProxyStats CpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
@@ -138,7 +179,8 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   op.seq_ = seq;
   op.op_ = LlOp::kDispatch;
   op.dispatch_ = call;
-  if (!kernels::DispatchSendHost(Context(), {&call, &dispatch_plan_, seq})) {
+  const std::vector<uint8_t> masked = MaskForCall();
+  if (!kernels::DispatchSendHost(Context(&masked), {&call, &dispatch_plan_, seq})) {
     return base::Annotate(proxy_->status(), "dispatch send aborted");
   }
   op.send_end_ns_ = NowNs();
@@ -164,7 +206,8 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   op.combine_ = call;
   op.plan_ = std::make_unique<kernels::RoutePlan>();
   kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, op.plan_.get());
-  if (!kernels::CombineSendHost(Context(), {&call, seq})) {
+  const std::vector<uint8_t> masked = MaskForCall();
+  if (!kernels::CombineSendHost(Context(&masked), {&call, seq})) {
     return base::Annotate(proxy_->status(), "combine send aborted");
   }
   op.send_end_ns_ = NowNs();
@@ -183,7 +226,7 @@ absl::Status CpuBuffer::Receive(PendingOp op) {
   // same missing peer again.
   const uint64_t recv_start = NowNs();
   const absl::Status s = op.op_ == LlOp::kDispatch ? ReceiveDispatch(op) : ReceiveCombine(op);
-  if (s.ok()) {
+  if (s.ok() && !op.barrier_) {
     const uint64_t recv_end = NowNs();
     const uint64_t ns[protocol::kNumMetricPhases] = {op.send_end_ns_ - op.send_start_ns_, op.wait_end_ns_ - recv_start,
                                                      recv_end - op.send_start_ns_};
@@ -200,8 +243,11 @@ absl::Status CpuBuffer::Receive(PendingOp op) {
 absl::Status CpuBuffer::WaitForSignals(PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats) {
   const int R = layout_.shape.num_ranks, half = protocol::HalfOfSeq(op.seq_);
   values->assign(R, 0);
-  std::vector<int> pending(R);
-  for (int r = 0; r < R; ++r) pending[r] = r;
+  op.masked_ = MaskForCall();
+  std::vector<int> pending;
+  for (int r = 0; r < R; ++r) {
+    if (op.masked_.empty() || op.masked_[r] == 0) pending.push_back(r);  // a masked source is not waited for
+  }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + absl::ToChronoNanoseconds(options_.timeout);
   for (int spins = 0; !pending.empty(); ++spins) {
@@ -216,9 +262,11 @@ absl::Status CpuBuffer::WaitForSignals(PendingOp& op, std::vector<uint32_t>* val
         const int64_t waited =
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
         if (wait_stats != nullptr) wait_stats[src] += waited;
-        AddMetrics([&](std::vector<uint64_t>& m) {
-          m[metrics_layout_.recv_wait_ns(static_cast<int>(op.op_), src)] += static_cast<uint64_t>(waited);
-        });
+        if (!op.barrier_) {
+          AddMetrics([&](std::vector<uint64_t>& m) {
+            m[metrics_layout_.recv_wait_ns(static_cast<int>(op.op_), src)] += static_cast<uint64_t>(waited);
+          });
+        }
         pending[i] = pending.back();
         pending.pop_back();
         continue;
@@ -235,9 +283,36 @@ absl::Status CpuBuffer::WaitForSignals(PendingOp& op, std::vector<uint32_t>* val
     if (proxy_ != nullptr && proxy_->failed()) {
       return base::Annotate(proxy_->status(), absl::StrCat(protocol::LlOpName(op.op_), " receive"));
     }
+    if (options_.shrink && (spins & 63) == 0) {
+      // A peer whose proxy thread failed will never signal: mask it now rather than at the deadline.
+      const std::vector<uint8_t> now_masked = MaskForCall();
+      for (size_t i = 0; i < pending.size();) {
+        if (now_masked[pending[i]] == 0) {
+          ++i;
+          continue;
+        }
+        op.masked_[pending[i]] = 1;
+        pending[i] = pending.back();
+        pending.pop_back();
+      }
+      if (pending.empty()) break;
+    }
     if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::sort(pending.begin(), pending.end());
-      AddMetrics([&](std::vector<uint64_t>& m) { ++m[metrics_layout_.timeouts(static_cast<int>(op.op_))]; });
+      if (!op.barrier_) {  // Clean()'s barrier is not an operation of the user's (the GPU's runs with metrics off)
+        AddMetrics([&](std::vector<uint64_t>& m) { ++m[metrics_layout_.timeouts(static_cast<int>(op.op_))]; });
+      }
+      if (options_.shrink) {
+        // DeepEP's shrink semantics: the silent ranks are masked and the call completes without them.
+        LLEP_LOG(kWarning) << protocol::LlOpName(op.op_) << " call " << op.seq_ << ": rank " << rank_
+                           << " masks silent rank(s) " << absl::StrJoin(pending, ", ") << " after "
+                           << absl::FormatDuration(options_.timeout);
+        for (const int r : pending) {
+          masks_[r].store(1, std::memory_order_release);
+          op.masked_[r] = 1;
+        }
+        break;
+      }
       return absl::DeadlineExceededError(absl::StrCat(protocol::LlOpName(op.op_), " call ", op.seq_,
                                                       " timed out after ", absl::FormatDuration(options_.timeout),
                                                       " waiting for rank(s) ", absl::StrJoin(pending, ", "),
@@ -253,8 +328,9 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   const DispatchCall& c = op.dispatch_;
   std::vector<uint32_t> tokens;
   LLEP_RETURN_IF_ERROR(WaitForSignals(op, &tokens, c.wait_recv_cost_stats));
-  const std::string err = kernels::DispatchRecvHost(Context(), {&c, op.seq_, tokens.data()});
+  const std::string err = kernels::DispatchRecvHost(Context(&op.masked_), {&c, op.seq_, tokens.data()});
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
+  if (op.barrier_) return absl::OkStatus();
   AddMetrics([&](std::vector<uint64_t>& m) {
     for (int le = 0; le < layout_.shape.num_local_experts(); ++le) {
       m[metrics_layout_.expert_recv_tokens(c.layer, le)] += static_cast<uint64_t>(c.recv_count[le]);
@@ -268,14 +344,61 @@ absl::Status CpuBuffer::ReceiveCombine(PendingOp& op) {
   std::vector<uint32_t> rows;
   LLEP_RETURN_IF_ERROR(WaitForSignals(op, &rows, c.wait_recv_cost_stats));
   for (int src = 0; src < layout_.shape.num_ranks; ++src) {
+    if (!op.masked_.empty() && op.masked_[src] != 0) continue;  // its rows are dropped from the sum
     if (rows[src] != static_cast<uint32_t>(op.plan_->rows_per_dst[src])) {
       return absl::InvalidArgumentError(absl::StrCat(
           "combine call ", op.seq_, ": rank ", src, " returned ", rows[src], " rows but this rank's topk_idx selects ",
           op.plan_->rows_per_dst[src], " of its experts; combine needs the topk_idx of the matching dispatch"));
     }
   }
-  kernels::CombineRecvHost(Context(), {&c, op.plan_.get(), op.seq_});
+  kernels::CombineRecvHost(Context(&op.masked_), {&c, op.plan_.get(), op.seq_});
   return absl::OkStatus();
+}
+
+absl::Status CpuBuffer::Clean() {
+  const int R = layout_.shape.num_ranks, E_loc = layout_.shape.num_local_experts();
+  if (proxy_ != nullptr && proxy_->failed()) return base::Annotate(proxy_->status(), "clean_low_latency_buffer");
+  if (!options_.shrink) {
+    uint32_t last = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return absl::FailedPreconditionError("buffer is closed");
+      last = calls_.last();
+    }
+    std::string mine(sizeof(last), '\0');
+    std::memcpy(mine.data(), &last, sizeof(last));
+    LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+    uint32_t newest = last;
+    for (const std::string& b : all) {
+      uint32_t v = 0;
+      if (b.size() != sizeof(v)) return absl::InternalError("clean: malformed sequence exchange");
+      std::memcpy(&v, b.data(), sizeof(v));
+      if (newest == 0 || (v != 0 && protocol::SignalIsNewer(v, newest))) newest = v;
+    }
+    absl::MutexLock lock(&mu_);
+    calls_.Restart(newest);
+    return absl::OkStatus();
+  }
+  // Shrink: a dispatch of no tokens is a barrier among the unmasked ranks (each signals every unmasked peer, then
+  // waits for theirs), and its receive masks a rank that stays silent. Outputs: only counts and ranges are written.
+  std::vector<int32_t> recv_count(E_loc), src_info(1);
+  std::vector<int64_t> layout_range(static_cast<size_t>(E_loc) * R);
+  uint16_t unused_x = 0;
+  DispatchCall call;
+  call.num_topk = 1;
+  call.mode.use_fp8 = false;
+  call.recv_x = &unused_x;
+  call.recv_count = recv_count.data();
+  call.src_info = src_info.data();
+  call.layout_range = layout_range.data();
+  {
+    absl::MutexLock lock(&mu_);
+    // Operations left unreceived by a failed call would hold their halves: abandon them (their receive is refused).
+    calls_.Restart(calls_.last());
+  }
+  LLEP_ASSIGN_OR_RETURN(PendingOp op, DispatchSend(call));
+  op.barrier_ = true;
+  return Receive(std::move(op));
 }
 
 absl::Status CpuBuffer::Close() {
@@ -284,7 +407,9 @@ absl::Status CpuBuffer::Close() {
     if (closed_) return absl::OkStatus();
     closed_ = true;
   }
-  absl::Status s = bootstrap_.Barrier();
+  const std::vector<int32_t> masks = Masks();
+  const bool any_masked = std::find(masks.begin(), masks.end(), 1) != masks.end();
+  absl::Status s = any_masked ? absl::OkStatus() : bootstrap_.Barrier();
   StopProxy();
   return s;
 }

@@ -13,6 +13,7 @@
 // detected (sequence check) and reported as DataLoss instead of being read.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +44,10 @@ struct CpuBufferOptions {
   proxy::ProxyOptions proxy;
   bool metrics = true;  ///< keep the metrics counter block (runtime/protocol/metrics_layout.h)
   int metrics_layers = base::kDefaultMetricsLayers;  ///< MoE layers counted apart; a dispatch's layer is below it
+  /// Rank masking (DeepEP's enable_shrink): a source that stays silent for the timeout is masked instead of failing
+  /// the receive (kernels/host/ll_host.h says what a masked rank means). Each peer then gets its own proxy thread
+  /// (proxy::ProxyOptions::isolate_peer_failures), so a peer that dies inside the transport is masked too.
+  bool shrink = false;
 };
 
 /// A sent operation waiting for its receive phase. Move-only; Receive() consumes it.
@@ -59,6 +64,8 @@ class PendingOp {
     send_start_ns_ = o.send_start_ns_;
     send_end_ns_ = o.send_end_ns_;
     wait_end_ns_ = o.wait_end_ns_;
+    masked_ = std::move(o.masked_);
+    barrier_ = o.barrier_;
     o.seq_ = 0;
     return *this;
   }
@@ -76,6 +83,8 @@ class PendingOp {
   uint64_t send_start_ns_ = 0;                // metrics: the send phase's steady-clock span
   uint64_t send_end_ns_ = 0;
   uint64_t wait_end_ns_ = 0;
+  std::vector<uint8_t> masked_;  // shrink: the mask as the receive phase sees it (empty otherwise)
+  bool barrier_ = false;         // Clean()'s empty dispatch: not counted in the metrics
 };
 
 class CpuBuffer {
@@ -95,8 +104,22 @@ class CpuBuffer {
   /// Elements between consecutive rows of NextCombineBuffer() (H + H/64 for H % 512 == 0, as DeepEP).
   int64_t combine_buffer_row_stride() const { return layout_.combine_stride / 2; }
 
-  /// Collective: barrier, then stop the proxy. Call before destruction so no peer still writes into us.
+  /// Collective: barrier, then stop the proxy. Call before destruction so no peer still writes into us. With ranks
+  /// masked (shrink) there is no barrier: the masked ones may be dead.
   absl::Status Close();
+
+  /// Rank masking (options.shrink; DeepEP's low_latency_{update,query,clean}_mask_buffer). Masks()[r] is 1 when r is
+  /// masked: by SetMasked, by a receive that timed out waiting for it, or because its proxy thread failed.
+  bool shrink() const { return options_.shrink; }
+  /// Collective over the unmasked ranks (clean_low_latency_buffer): returns the buffer to a usable state after a
+  /// failed call. Shrink: a barrier through the buffer itself (an empty dispatch), so a rank silent for the timeout
+  /// is masked, not waited on. Otherwise every rank must join: the ranks agree through the bootstrap on the newest
+  /// call sequence number any of them took and all continue after it (a rank that gave up a call re-aligns), and
+  /// operations left unreceived are abandoned. Fails (as the calls do) if the proxy itself failed.
+  absl::Status Clean();
+  absl::Status SetMasked(int rank, bool masked);
+  std::vector<int32_t> Masks() const;
+  void ClearMasks();
 
   const protocol::LlLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
@@ -116,7 +139,9 @@ class CpuBuffer {
   absl::Status WaitForSignals(PendingOp& op, std::vector<uint32_t>* values, int64_t* wait_stats);
   absl::Status ReceiveDispatch(PendingOp& op);
   absl::Status ReceiveCombine(PendingOp& op);
-  kernels::HostRankContext Context() const;
+  kernels::HostRankContext Context(const std::vector<uint8_t>* masked = nullptr) const;
+  /// shrink: masks the peers whose proxy thread failed, then copies the mask (empty when not shrinking).
+  std::vector<uint8_t> MaskForCall();
   void AddMetrics(const std::function<void(std::vector<uint64_t>&)>& f);
 
   protocol::LlLayout layout_;
@@ -134,6 +159,8 @@ class CpuBuffer {
   protocol::MetricsLayout metrics_layout_;
   mutable absl::Mutex metrics_mu_;
   std::vector<uint64_t> metrics_ ABSL_GUARDED_BY(metrics_mu_);  // the counter block; empty when off
+  // shrink: [num_ranks], 1 = masked. Atomics: receive phases (on any thread, without mu_) mask silent sources.
+  std::unique_ptr<std::atomic<int32_t>[]> masks_;
 };
 
 }  // namespace llep

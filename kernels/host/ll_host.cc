@@ -35,6 +35,8 @@ bool PushSignal(const HostPeer& peer, LlOp op, int half, int dst, uint64_t word)
   return protocol::FifoPush(*peer.fifo, protocol::MakeSignalCmd(op, half, dst, word));
 }
 
+bool IsMasked(const HostRankContext& ctx, int r) { return ctx.masked != nullptr && ctx.masked[r] != 0; }
+
 }  // namespace
 
 namespace {
@@ -227,6 +229,7 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
   }
   // 3. Deliver: route block, payloads (coalesced into runs of consecutive tokens and slots), then the signal.
   for (int d = 0; d < R; ++d) {
+    if (IsMasked(ctx, d)) continue;
     const HostPeer& peer = ctx.peers[d];
     const int n = plan.tokens_per_dst[d];
     const int64_t route_bytes = protocol::RouteBlockUsedBytes(L.shape, n);
@@ -283,6 +286,7 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
   std::vector<uint32_t> cnt(static_cast<size_t>(R) * E_loc);
   std::vector<int64_t> begin(static_cast<size_t>(R) * E_loc);
   for (int src = 0; src < R; ++src) {
+    if (IsMasked(ctx, src)) continue;  // its counts stay 0, its route block (stale) is not read
     if (a.tokens_from_src[src] > static_cast<uint32_t>(T)) {
       return "source rank " + std::to_string(src) + " announced " + std::to_string(a.tokens_from_src[src]) +
              " tokens, more than T=" + std::to_string(T);
@@ -308,6 +312,7 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
 
   std::vector<uint32_t> seen(static_cast<size_t>(R) * E_loc, 0);
   for (int src = 0; src < R; ++src) {
+    if (IsMasked(ctx, src)) continue;
     const int64_t blk = L.RouteRecvOffset(half, src);
     for (uint32_t j = 0; j < a.tokens_from_src[src]; ++j) {
       const auto* h = reinterpret_cast<const protocol::DispatchTokenHeader*>(
@@ -366,6 +371,7 @@ bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
   const int E_loc = L.shape.num_local_experts();
   const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
   for (int d = 0; d < R; ++d) {
+    if (IsMasked(ctx, d)) continue;
     const HostPeer& peer = ctx.peers[d];
     int64_t pos = 0;
     for (int le = 0; le < E_loc; ++le) {
@@ -410,7 +416,7 @@ void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int k = 0; k < plan.num_topk; ++k) {
       const RouteEntry& e = plan.at(t, k);
-      if (e.dst_rank < 0) continue;
+      if (e.dst_rank < 0 || IsMasked(ctx, e.dst_rank)) continue;
       const float w = call.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
       const auto* row =
           reinterpret_cast<const uint16_t*>(ctx.local_base + L.CombineRecvOffset(half, e.dst_rank, e.pos));

@@ -30,6 +30,10 @@ struct HostRankContext {
   int rank = 0;
   uint8_t* local_base = nullptr;    ///< This rank's LL region.
   const HostPeer* peers = nullptr;  ///< [num_ranks]
+  /// Rank masking (DeepEP's shrink mode): [num_ranks], 1 = masked, or null (none). A masked rank is not sent to,
+  /// contributes no tokens to a dispatch receive (its signal is not read) and no rows to a combine (its experts'
+  /// top-k terms are dropped from the sum).
+  const uint8_t* masked = nullptr;
 };
 
 // Each phase reads the call as the caller described it (runtime/protocol/ll_call.h) plus what the runtime adds.
