@@ -2,6 +2,9 @@
 // Creation and peer mapping live in gpu_buffer_setup.cc.
 #include "runtime/gpu_buffer.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/device_error_status.h"
@@ -167,6 +170,95 @@ absl::Status GpuBuffer::FlushMetrics(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+absl::Status GpuBuffer::SetMasked(int rank, bool masked, cudaStream_t stream) {
+  if (d_shrink_ == nullptr)
+    return absl::FailedPreconditionError("rank masking needs a buffer created with enable_shrink");
+  if (rank < 0 || rank >= layout_.shape.num_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank_to_mask ", rank, " is outside [0, ", layout_.shape.num_ranks, ")"));
+  }
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx_.mask + rank, h_mask_values_ + (masked ? 1 : 0), sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuBuffer::QueryMasks(int32_t* dst, cudaStream_t stream) {
+  if (d_shrink_ == nullptr)
+    return absl::FailedPreconditionError("rank masking needs a buffer created with enable_shrink");
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, ctx_.mask, sizeof(int32_t) * layout_.shape.num_ranks, cudaMemcpyDeviceToDevice, stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuBuffer::ClearMasks(cudaStream_t stream) {
+  if (d_shrink_ == nullptr)
+    return absl::FailedPreconditionError("rank masking needs a buffer created with enable_shrink");
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ctx_.mask, 0, sizeof(int32_t) * layout_.shape.num_ranks, stream));
+  return absl::OkStatus();
+}
+
+absl::Status GpuBuffer::Clean(cudaStream_t stream) {
+  const int R = layout_.shape.num_ranks;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  if (d_shrink_ != nullptr) {
+    // A dispatch of no tokens is a barrier among the unmasked ranks; its receive masks a rank silent for the timeout.
+    const gpu_buffer_internal::ShrinkArea area{R, layout_.shape.num_local_experts()};
+    GpuPendingOp op;
+    op.op = LlOp::kDispatch;
+    op.dispatch.num_topk = 1;
+    op.dispatch.mode.use_fp8 = false;
+    op.dispatch.recv_x = d_shrink_ + area.recv_x();
+    op.dispatch.recv_count = reinterpret_cast<int32_t*>(d_shrink_ + area.recv_count());
+    op.dispatch.src_info = reinterpret_cast<int32_t*>(d_shrink_ + area.src_info());
+    op.dispatch.layout_range = reinterpret_cast<int64_t*>(d_shrink_ + area.layout_range());
+    op.dispatch.ctx = ctx_;
+    op.dispatch.ctx.metrics = nullptr;  // not an operation of the user's
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.Restart(calls_.last());  // operations a failed call left unreceived are abandoned
+    }
+    return Send(std::move(op), /*split=*/false, stream).status();
+  }
+  // Recovery after a fatal error: every launch is finished once the device is idle (waits end at the timeout).
+  LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("buffer is closed");
+  if (proxy_ != nullptr && proxy_->failed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the proxy (", transport_name_, ") failed; rebuild the buffer: ", proxy_->status().message()));
+  }
+  kernels::cuda::LlCallState state;
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(&state, ctx_.calls, sizeof(state), cudaMemcpyDeviceToHost));
+  const uint64_t launches = (state.send_ctas + num_ctas_ - 1) / num_ctas_;  // a refused launch still took its number
+  std::string mine(sizeof(launches), '\0');
+  std::memcpy(mine.data(), &launches, sizeof(launches));
+  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  uint64_t newest = launches;
+  for (const std::string& b : all) {
+    uint64_t v = 0;
+    if (b.size() != sizeof(v)) return absl::InternalError("clean: malformed launch-count exchange");
+    std::memcpy(&v, b.data(), sizeof(v));
+    newest = std::max(newest, v);
+  }
+  // Every rank's next send takes launch index `newest` + 1 (one spare: a number no rank used), so every signal word
+  // written before is older than any call after; nothing is in flight and no region is held.
+  const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts};
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
+  kernels::cuda::LlCallState fresh{};
+  fresh.send_ctas = (newest + 1) * static_cast<uint64_t>(num_ctas_);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(ctx_.calls, &fresh, sizeof(fresh), cudaMemcpyHostToDevice));
+  std::memset(h_error_, 0, sizeof(protocol::DeviceErrorRecord));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  fatal_ = absl::OkStatus();
+  rearm_ = false;
+  calls_.Restart(calls_.last());
+  // Nobody sends the next call before every rank reset (a signal into a reset workspace would be lost).
+  return bootstrap_.Barrier();
+}
+
 absl::Status GpuBuffer::Close() {
   {
     absl::MutexLock lock(&mu_);
@@ -175,8 +267,15 @@ absl::Status GpuBuffer::Close() {
   }
   cudaSetDevice(device_);
   absl::Status s = CudaStatus(cudaDeviceSynchronize(), "synchronising before close");
-  // No peer may still write into a region that is about to be freed.
-  const absl::Status b = bootstrap_.Barrier();
+  // No peer may still write into a region that is about to be freed. A masked rank may be gone: no barrier then.
+  bool any_masked = false;
+  if (d_shrink_ != nullptr) {
+    std::vector<int32_t> masks(layout_.shape.num_ranks);
+    if (cudaMemcpy(masks.data(), ctx_.mask, masks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost) == cudaSuccess) {
+      any_masked = std::find(masks.begin(), masks.end(), 1) != masks.end();
+    }
+  }
+  const absl::Status b = any_masked ? absl::OkStatus() : bootstrap_.Barrier();
   if (s.ok()) s = b;
   Release();
   return s;

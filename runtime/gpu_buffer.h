@@ -13,7 +13,8 @@
 //   - InvalidArgument for bad topk_idx / layout_range (the kernels treated them as "no expert" / "no rows"; the
 //     buffer stays usable and the record is cleared),
 //   - DeadlineExceeded / DataLoss for a peer that did not answer in time or a sequence overrun (sticky: the
-//     protocol state is unknown, every later call fails; rebuild the buffer).
+//     protocol state is unknown, every later call fails until every rank calls Clean(), which resets it; with
+//     options.shrink a silent peer is masked instead).
 // Because errors surface on the next call (or CheckErrors()), a caller that must know a specific call's outcome
 // synchronises its stream and calls CheckErrors().
 //
@@ -67,6 +68,10 @@ struct GpuBufferOptions {
   /// LLEP_FABRIC_PROVIDER, else "shm" when every proxy pair shares a host and an RDMA provider otherwise.
   std::string transport;
   int num_proxy_threads = 1;  ///< proxy threads (each with its own ring and transport); env LLEP_PROXY_THREADS
+  /// Rank masking (DeepEP's enable_shrink): a source silent for the timeout is masked instead of failing the call
+  /// (kernels/cuda/ll_kernels.h LlDeviceContext::mask). Covers NVLink peers; a proxy peer that fails still fails
+  /// the proxy (the CPU backend isolates them: runtime/cpu_buffer.h).
+  bool shrink = false;
 };
 
 /// A sent operation whose receive phase has not been launched yet (receive hooks). Copyable: the Python layer
@@ -115,8 +120,22 @@ class GpuBuffer {
   /// Queues the binning of every received operation's latencies on `stream` (the stream of the operations).
   absl::Status FlushMetrics(cudaStream_t stream);
 
-  /// Collective: synchronises the device, barrier, unmaps peers and frees the region.
+  /// Collective: synchronises the device, barrier (none when a rank is masked: it may be gone), unmaps peers and
+  /// frees the region.
   absl::Status Close();
+
+  /// Rank masking (options.shrink; DeepEP's low_latency_{update,query,clean}_mask_buffer), stream-ordered like the
+  /// calls. QueryMasks copies the int32 [R] mask (1 = masked) to device memory at `dst`.
+  absl::Status SetMasked(int rank, bool masked, cudaStream_t stream);
+  absl::Status QueryMasks(int32_t* dst, cudaStream_t stream);
+  absl::Status ClearMasks(cudaStream_t stream);
+  /// Collective over the unmasked ranks (clean_low_latency_buffer), never inside a graph capture. Shrink: a barrier
+  /// through the buffer (an empty dispatch launch on `stream`, metrics off), so a rank silent for the timeout is
+  /// masked. Otherwise it recovers the buffer after a fatal error (a timeout, an overrun, a refused launch) when every
+  /// rank calls it: synchronises the device, agrees through the bootstrap on the newest launch any rank made, resets
+  /// the call state, the completion counters and the error record, and all ranks continue after that launch
+  /// (older signals are then stale by sequence number). A failed proxy cannot be recovered: rebuild the buffer.
+  absl::Status Clean(cudaStream_t stream);
 
   const protocol::LlLayout& layout() const { return layout_; }
   /// How this rank reaches each rank (index = rank).
@@ -175,7 +194,9 @@ class GpuBuffer {
   protocol::DeviceErrorRecord* d_error_ = nullptr;  // its device alias
   uint64_t* d_trace_ = nullptr;                     // kernel timeline when options_.kernel_trace
   uint64_t* d_metrics_ = nullptr;                   // counter block when options_.metrics
-  kernels::cuda::OpStamps* d_stamps_ = nullptr;     // latency stamps when options_.metrics
+  uint8_t* d_shrink_ = nullptr;       // options_.shrink: mask [R], verdicts, the clean barrier's outputs (ShrinkArea)
+  int32_t* h_mask_values_ = nullptr;  // pinned {0, 1}: the source of SetMasked's stream-ordered copy
+  kernels::cuda::OpStamps* d_stamps_ = nullptr;  // latency stamps when options_.metrics
   protocol::MetricsLayout metrics_layout_;
   absl::Mutex metrics_mu_;  // serialises snapshots (their stream and staging)
   cudaStream_t metrics_stream_ ABSL_GUARDED_BY(metrics_mu_) = nullptr;  // non-blocking: copies overlap the kernels

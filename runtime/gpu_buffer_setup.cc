@@ -39,19 +39,6 @@ struct RegionBlob {
 };
 constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 
-// The device workspace, in 64-bit words: [2 halves][2 ops][R] completion counters, the same shape of proxy-signal
-// mirrors, [2 halves][E] proxy block counters (combine coalescing), one word holding the two 32-bit flags, then,
-// 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h LlDeviceContext,
-// LlCallState). All of it starts zeroed.
-struct Workspace {
-  int64_t R, E;
-  int64_t mirrors() const { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
-  int64_t blocks() const { return 2 * mirrors(); }
-  int64_t flags() const { return blocks() + int64_t{protocol::kNumHalves} * E; }
-  int64_t call_state_bytes() const { return protocol::AlignUp((flags() + 1) * 8, 128); }
-  size_t bytes() const { return static_cast<size_t>(call_state_bytes()) + sizeof(kernels::cuda::LlCallState); }
-};
-
 /// Whether this process's device can map `bus_id`'s memory. A device this process cannot see (CUDA_VISIBLE_DEVICES)
 /// counts as reachable: CUDA IPC may still map it, and opening the handle reports it if not.
 bool CanReach(int device, const char* bus_id) {
@@ -126,7 +113,7 @@ absl::Status GpuBuffer::InitLocal() {
   region_ = static_cast<uint8_t*>(p);
   // Zeroed signal words read "never signalled" (signal.h), so the region needs no per-call cleaning.
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(region_, 0, static_cast<size_t>(layout_.total_bytes)));
-  const Workspace ws{R, shape.num_experts};
+  const gpu_buffer_internal::Workspace ws{R, shape.num_experts};
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, ws.bytes()));
   d_workspace_ = static_cast<uint64_t*>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
@@ -148,6 +135,16 @@ absl::Status GpuBuffer::InitLocal() {
     LLEP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&metrics_stream_, cudaStreamNonBlocking));
     LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
     h_metrics_ = static_cast<uint64_t*>(p);
+  }
+  if (options_.shrink) {
+    const gpu_buffer_internal::ShrinkArea area{R, shape.num_local_experts()};
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, area.bytes()));
+    d_shrink_ = static_cast<uint8_t*>(p);
+    LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_shrink_, 0, area.bytes()));
+    LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, 2 * sizeof(int32_t), cudaHostAllocDefault));
+    h_mask_values_ = static_cast<int32_t*>(p);
+    h_mask_values_[0] = 0;
+    h_mask_values_[1] = 1;
   }
   if (options_.kernel_trace) {
     LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, TraceBytes(num_ctas_)));
@@ -303,7 +300,7 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.proxy_region = d_proxy_region_;
   ctx_.fifos = d_fifos_;
   ctx_.done = d_workspace_;
-  const Workspace ws{R, layout_.shape.num_experts};
+  const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts};
   ctx_.proxy_signals = d_workspace_ + ws.mirrors();
   ctx_.proxy_blocks = d_workspace_ + ws.blocks();
   ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + ws.flags());
@@ -315,6 +312,11 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.metrics = d_metrics_;
   ctx_.stamps = d_stamps_;
   ctx_.metrics_layout = metrics_layout_;
+  if (d_shrink_ != nullptr) {
+    const gpu_buffer_internal::ShrinkArea area{layout_.shape.num_ranks, layout_.shape.num_local_experts()};
+    ctx_.mask = reinterpret_cast<int32_t*>(d_shrink_);
+    ctx_.verdicts = reinterpret_cast<unsigned long long*>(d_shrink_ + area.verdicts());
+  }
   return absl::OkStatus();
 }
 
@@ -455,6 +457,10 @@ void GpuBuffer::Release() {
   if (h_error_ != nullptr) cudaFreeHost(h_error_);
   if (d_trace_ != nullptr) cudaFree(d_trace_);
   if (d_stamps_ != nullptr) cudaFree(d_stamps_);
+  if (d_shrink_ != nullptr) cudaFree(d_shrink_);
+  if (h_mask_values_ != nullptr) cudaFreeHost(h_mask_values_);
+  d_shrink_ = nullptr;
+  h_mask_values_ = nullptr;
   {
     absl::MutexLock lock(&metrics_mu_);  // a snapshot in progress finishes first
     if (d_metrics_ != nullptr) cudaFree(d_metrics_);

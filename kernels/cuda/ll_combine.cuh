@@ -260,7 +260,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       Trace(c, LlOp::kCombine, kTraceSignals);
       StampWaitEnd(c, seq);
       for (int d = tid; checks_counts && d < R; d += kThreads) {
-        if (!*failed && routed[d] != got[d]) {
+        if (!*failed && got[d] >= 0 && routed[d] != got[d]) {  // got -1: masked, its rows are dropped
           RecordError(c, protocol::kDeviceBadMessage, LlOp::kCombine, d, seq, got[d]);
           *failed = 1;
         }
@@ -271,7 +271,9 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       const uint8_t* row = nullptr;
       if (g >= 0) {
         const int d = g / E_loc, pos = plans[warp].row[lane];
-        if (pos < got[d]) {
+        if (got[d] < 0) {
+          // A masked expert rank (rank masking): its top-k term is dropped from the sum, as DeepEP's shrink mode does.
+        } else if (pos < got[d]) {
           row = SrcBase(c, d) + L.CombineRecvOffset(protocol::HalfOfSeq(seq), d, pos);
         } else {  // fewer rows came back than this rank routed (the checking CTA records which rank)
           *failed = 1;

@@ -221,7 +221,8 @@ __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_
 }
 
 /// Waits for `p` to carry call `seq`; returns its value, or -1 after recording a timeout / overrun (or when
-/// another CTA already aborted). `waited` receives the time spent.
+/// another CTA already aborted). `waited` receives the time spent. With rank masking (c.mask) a timeout is not
+/// recorded: -2 is returned and the caller masks the source.
 __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp op, int src, uint32_t seq,
                               int64_t* waited) {
   const uint64_t t0 = NowNs();
@@ -239,11 +240,39 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
     if ((spin & 255u) == 255u) {
       if (Aborted(c)) return -1;
       if (NowNs() - t0 > c.timeout_ns) {
+        *waited = static_cast<int64_t>(NowNs() - t0);
+        if (c.mask != nullptr) return -2;
         RecordError(c, protocol::kDeviceTimeout, op, src, seq, static_cast<int64_t>(c.timeout_ns));
         return -1;
       }
     }
   }
+}
+
+/// Rank masking: the receive's decision on source `src` of call `seq` (its signal value, or kMaskedVerdict), shared by
+/// every CTA. Each CTA proposes what it saw (the value, or masked when the source was masked already or it timed out)
+/// and the first proposal for the call wins: without it one CTA could time out a source whose signal another CTA read
+/// just in time, and the CTAs would lay the received rows out differently. One atomic per (CTA, source), only with
+/// masking on. The winner of a masked verdict masks the source and, when its CTA timed out (`timed_out`: the source
+/// was not masked before the call), counts the timeout.
+__device__ uint32_t AgreeOnSource(const LlDeviceContext& c, LlOp op, int half, int src, uint32_t seq, uint32_t mine,
+                                  bool timed_out) {
+  unsigned long long* v =
+      c.verdicts + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + src;
+  const unsigned long long proposal = protocol::PackSignal(seq, mine);
+  unsigned long long seen = __ldcg(v);
+  while (protocol::SignalSeq(seen) != seq) {
+    const unsigned long long prev = atomicCAS(v, seen, proposal);
+    if (prev == seen) {
+      if (mine == kMaskedVerdict) {
+        atomicExch(c.mask + src, 1);
+        if (timed_out && c.metrics != nullptr) AddMetric(c, c.metrics_layout.timeouts(static_cast<int>(op)), 1);
+      }
+      return mine;
+    }
+    seen = prev;
+  }
+  return protocol::SignalValue(seen);
 }
 
 /// Signal words a receive-only launch read before it knew its call (PeekSignals): [half][src], NVLink sources < 32.
@@ -270,7 +299,8 @@ __device__ __forceinline__ bool PeekSignals(const LlDeviceContext& c, LlOp op) {
 /// The receive phases' wait: the CTA's threads wait for every source's signal of call `seq`, store each value
 /// (0 on failure) in values[src], set *failed on a timeout, overrun or a value above max_value (recorded), and
 /// CTA 0 adds the waiting time to wait_stats[src] (ns). With `peeked`, a signal PeekSignals found is not read again.
-/// The caller synchronises the CTA before reading values.
+/// With rank masking a masked source is not waited for, a silent one is masked (AgreeOnSource), and values[src] is -1
+/// for both. The caller synchronises the CTA before reading values.
 __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
                                int64_t* wait_stats, int* values, int* failed, bool peeked) {
   // Metrics: the last CTA's last thread bins earlier operations' latencies meanwhile, and CTA 0 accounts the waits.
@@ -280,7 +310,10 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     int64_t v;
-    if (IsProxyPeer(c, src)) {
+    const bool masked_before = c.mask != nullptr && *reinterpret_cast<volatile const int32_t*>(c.mask + src) != 0;
+    if (masked_before) {
+      v = -2;  // not waited on
+    } else if (IsProxyPeer(c, src)) {
       // A proxy source signals in host memory. CTA 0 alone polls it there and forwards the word to a device-memory
       // mirror the other CTAs poll: every CTA polling host memory floods PCIe with reads and slows the whole path.
       uint64_t* mirror =
@@ -299,10 +332,15 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
       v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)), op, src, seq,
                      &waited);
     }
+    if (c.mask != nullptr && v != -1) {
+      const uint32_t agreed = AgreeOnSource(c, op, half, src, seq, v == -2 ? kMaskedVerdict : static_cast<uint32_t>(v),
+                                            v == -2 && !masked_before);
+      v = agreed == kMaskedVerdict ? -2 : int64_t{agreed};
+    }
     if (v > max_value) RecordError(c, protocol::kDeviceBadMessage, op, src, seq, v);
     const bool ok = v >= 0 && v <= max_value;
-    if (!ok) *failed = 1;
-    values[src] = ok ? static_cast<int>(v) : 0;
+    if (!ok && v != -2) *failed = 1;
+    values[src] = ok ? static_cast<int>(v) : (v == -2 ? -1 : 0);
     if (blockIdx.x == 0 && wait_stats != nullptr) {
       atomicAdd(reinterpret_cast<unsigned long long*>(&wait_stats[src]), static_cast<unsigned long long>(waited));
     }

@@ -264,7 +264,9 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   if (*failed) return;
   for (int i = tid; i < E; i += kThreads) {
     const int src = i / E_loc, le = i % E_loc;
-    const uint32_t v = reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];
+    // A masked source (msg_start -1, rank masking) sends nothing: its route block is stale and not read.
+    const uint32_t v =
+        msg_start[src] < 0 ? 0u : reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];
     if (v > static_cast<uint32_t>(T)) {
       RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, -1);
       *failed = 1;
@@ -289,6 +291,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
         AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
     }
   }
+  for (int src = tid; src < R; src += kThreads) msg_start[src] = max(msg_start[src], 0);  // the barrier above: cnt read
   if (tid == 0) msg_start[R] = 0;
   __syncthreads();
   const int total = BlockExclusiveScan(msg_start, R + 1, warp_sums);

@@ -158,7 +158,16 @@ struct LlDeviceContext {
   uint64_t* metrics = nullptr;  ///< optional counter block (metrics_layout.h); null = metrics off
   OpStamps* stamps = nullptr;   ///< [kStampSlots] latency stamps; set with metrics
   protocol::MetricsLayout metrics_layout;
+  /// Rank masking (DeepEP's enable_shrink), null when off. mask: device int32 [R], 1 = masked (not waited on; its
+  /// tokens count 0 in a dispatch receive and its experts' top-k terms are dropped from a combine). A source silent
+  /// for timeout_ns is masked instead of failing the call. verdicts: device [2 halves][2 ops][R] words
+  /// PackSignal(seq, value | kMaskedVerdict) by which every CTA of a receive agrees on each source (WaitAllSources).
+  int32_t* mask = nullptr;
+  unsigned long long* verdicts = nullptr;
 };
+
+/// A verdict's value for a masked source (signal values are at most T or the combine rows per source, far below).
+inline constexpr uint32_t kMaskedVerdict = 0xFFFFFFFFu;
 
 /// A launch's parameters: the call as the caller described it (runtime/protocol/ll_call.h, device pointers), plus
 /// what the runtime adds.
