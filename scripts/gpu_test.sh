@@ -43,6 +43,9 @@ if [ $tests = 1 ]; then
   # its exporter survives 1,000 scrapes under load with exact per-(layer, expert) counts.
   python3 tests/lint/check_module_exports.py "$BUILD_DIR"/python/llep/_llep*.so > "$LOGS/module_exports.log" 2>&1 || rc=1
   timeout 300 python3 tests/python/test_metrics_scrape.py --device cuda > "$LOGS/metrics_scrape.log" 2>&1 || rc=1
+  # Rank masking (DeepEP's shrink scenario: ranks stop calling at dispatch, combine and clean) and recovery after a
+  # timeout without rebuilding the buffer.
+  timeout 400 python3 tests/python/test_shrink.py --device cuda > "$LOGS/shrink.log" 2>&1 || rc=1
 fi
 if [ $all = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1 || rc=1
@@ -58,6 +61,7 @@ if [ $tests = 1 ]; then
   grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu_proxy.log" 2>/dev/null | head -20
   echo "== CUDA graphs"; grep -E "PASS|FAIL|rank .*:|graph_test:|Error" "$LOGS/graph_test.log" | head -30
   echo "== Python module and metrics scrape"; cat "$LOGS/module_exports.log"; tail -4 "$LOGS/metrics_scrape.log"
+  echo "== rank masking and recovery"; grep -E "PASS|FAIL|rank [0-9]" "$LOGS/shrink.log" | head -20
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
 [ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }

@@ -76,6 +76,12 @@ void DefCallMethods(Class& cls) {
         CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats),
         split, stream);
   });
+  // Rank masking and recovery (DeepEP's enable_shrink API and clean_low_latency_buffer); `mask_out` is the address
+  // of an int32 [num_ranks] tensor on the backend's device.
+  cls.def("clean", [](Holder& h, uintptr_t stream) { h.Clean(stream); });
+  cls.def("set_masked", [](Holder& h, int rank, bool masked, uintptr_t stream) { h.SetMasked(rank, masked, stream); });
+  cls.def("query_masks", [](Holder& h, uintptr_t mask_out, uintptr_t stream) { h.QueryMasks(mask_out, stream); });
+  cls.def("clear_masks", [](Holder& h, uintptr_t stream) { h.ClearMasks(stream); });
 }
 
 }  // namespace llep::bindings

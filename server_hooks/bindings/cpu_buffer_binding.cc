@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,8 +23,9 @@ namespace {
 class PyCpuBuffer : public BufferHolder<CpuBuffer> {
  public:
   PyCpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, const std::string& provider,
-              double timeout_s, int proxy_threads, bool metrics, int metrics_layers) {
+              double timeout_s, int proxy_threads, bool metrics, int metrics_layers, bool shrink) {
     CpuBufferOptions opt;
+    opt.shrink = shrink;
     opt.metrics = metrics;
     opt.metrics_layers = metrics_layers;
     opt.provider = provider;
@@ -65,6 +67,22 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
 
   std::string transport() { return Live()->transport_name(); }
 
+  void Clean(uintptr_t /*stream*/) {
+    CpuBuffer* buf = Live();
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;  // a barrier: may wait up to the timeout
+      s = buf->Clean();
+    }
+    ThrowIfError(s);
+  }
+  void SetMasked(int rank, bool masked, uintptr_t /*stream*/) { ThrowIfError(Live()->SetMasked(rank, masked)); }
+  void QueryMasks(uintptr_t out, uintptr_t /*stream*/) {
+    const std::vector<int32_t> m = Live()->Masks();
+    std::copy(m.begin(), m.end(), Ptr<int32_t>(out));
+  }
+  void ClearMasks(uintptr_t /*stream*/) { Live()->ClearMasks(); }
+
   absl::Status SnapshotMetrics(std::vector<uint64_t>* out) override {
     *out = Live()->MetricsSnapshot();
     return absl::OkStatus();
@@ -97,10 +115,10 @@ void BindCpuBuffer(py::module_& m) {
   py::class_<PyCpuBuffer> c(m, "CpuBuffer", "One rank of the CPU backend (runtime/cpu_buffer.h).");
   BindMetricsMethods<PyCpuBuffer>(c);
   DefCallMethods<PyCpuBuffer>(c);
-  c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool, int>(), py::arg("T"),
-        py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"), py::arg("provider"),
-        py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true,
-        py::arg("metrics_layers") = base::kDefaultMetricsLayers)
+  c.def(py::init<int, int, int, int, int, py::function, const std::string&, double, int, bool, int, bool>(),
+        py::arg("T"), py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"),
+        py::arg("provider"), py::arg("timeout_s"), py::arg("proxy_threads"), py::arg("metrics") = true,
+        py::arg("metrics_layers") = base::kDefaultMetricsLayers, py::arg("shrink") = false)
       .def("receive", &PyCpuBuffer::Receive)
       .def("next_combine_buffer", &PyCpuBuffer::NextCombineBuffer)
       .def_property_readonly("combine_row_stride", &PyCpuBuffer::combine_row_stride)

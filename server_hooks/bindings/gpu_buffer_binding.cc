@@ -25,8 +25,9 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
  public:
   PyGpuBuffer(int T, int H, int E, int R, int rank, py::function allgather, int device, double timeout_s, int num_ctas,
               bool kernel_trace, bool metrics, int ranks_per_node, std::string transport, int proxy_threads,
-              int metrics_layers) {
+              int metrics_layers, bool shrink) {
     GpuBufferOptions opt;
+    opt.shrink = shrink;
     opt.metrics_layers = metrics_layers;
     opt.ranks_per_node = ranks_per_node;
     opt.transport = std::move(transport);
@@ -56,6 +57,22 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
   }
 
   void CheckErrors() { ThrowIfError(Live()->CheckErrors()); }
+  void Clean(uintptr_t stream) {
+    GpuBuffer* buf = Live();
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;  // recovery synchronises the device and runs a collective
+      s = buf->Clean(Stream(stream));
+    }
+    ThrowIfError(s);
+  }
+  void SetMasked(int rank, bool masked, uintptr_t stream) {
+    ThrowIfError(Live()->SetMasked(rank, masked, Stream(stream)));
+  }
+  void QueryMasks(uintptr_t dst, uintptr_t stream) {
+    ThrowIfError(Live()->QueryMasks(reinterpret_cast<int32_t*>(dst), Stream(stream)));
+  }
+  void ClearMasks(uintptr_t stream) { ThrowIfError(Live()->ClearMasks(Stream(stream))); }
   uintptr_t NextCombineBuffer() { return reinterpret_cast<uintptr_t>(Live()->NextCombineBuffer()); }
   int num_ctas() { return Live()->num_ctas(); }
   std::vector<std::string> PeerPaths() {
@@ -107,11 +124,13 @@ void BindGpuBuffer(py::module_& m) {
                             "One rank of the GPU backend: NVLink and proxy peers (runtime/gpu_buffer.h).");
   BindMetricsMethods<PyGpuBuffer>(c);
   DefCallMethods<PyGpuBuffer>(c);
-  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool, int, std::string, int, int>(),
+  c.def(py::init<int, int, int, int, int, py::function, int, double, int, bool, bool, int, std::string, int, int,
+                 bool>(),
         py::arg("T"), py::arg("H"), py::arg("E"), py::arg("R"), py::arg("rank"), py::arg("allgather"),
         py::arg("device"), py::arg("timeout_s"), py::arg("num_ctas"), py::arg("kernel_trace") = false,
         py::arg("metrics") = true, py::arg("ranks_per_node") = -1, py::arg("transport") = "",
-        py::arg("proxy_threads") = 1, py::arg("metrics_layers") = base::kDefaultMetricsLayers)
+        py::arg("proxy_threads") = 1, py::arg("metrics_layers") = base::kDefaultMetricsLayers,
+        py::arg("shrink") = false)
       .def("peer_paths", &PyGpuBuffer::PeerPaths, "How this rank reaches each rank: 'self', 'nvlink' or 'proxy'.")
       .def("proxy_stats", &PyGpuBuffer::ProxyStats,
            "The proxy's transport and counters (commands, writes_posted, bytes_posted, immediates); zeros and an "

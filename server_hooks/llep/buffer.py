@@ -10,7 +10,8 @@ or assigning Buffer.backend before the first low-latency call overrides it. Tens
 torch objects: the native module gets addresses, shapes and stream handles, so one build serves any torch.
 
 GPU errors (bad expert ids, a peer that never answers) are recorded by the kernels without a trap and raised by
-the next call on the buffer, or by Buffer.check_errors() after the stream was synchronised.
+the next call on the buffer, or by Buffer.check_errors() after the stream was synchronised. clean_low_latency_buffer
+recovers the buffer after such an error; with enable_shrink a silent peer is masked instead (DeepEP's shrink API).
 
 CUDA graphs: every call may be captured (no host synchronisation), in any number per graph and in graphs of any
 batch size sharing the buffer: the kernels pick the buffer half and pair each receive hook with its send on the
@@ -235,13 +236,14 @@ class Buffer:
             self.runtime = _llep.GpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
                                            self._device.index, o['timeout_s'], o['num_ctas'], o['kernel_trace'],
                                            self._metrics, -1 if self.allow_nvlink_for_low_latency_mode else 1,
-                                           o['fabric_provider'], o['proxy_threads'], o['metrics_layers'])
+                                           o['fabric_provider'], o['proxy_threads'], o['metrics_layers'],
+                                           bool(self.enable_shrink))
         elif self.backend == 'cpu':
             self._device = torch.device('cpu')
             o = self._options
             self.runtime = _llep.CpuBuffer(shape[0], shape[1], shape[2], self.group_size, self.rank, self._allgather,
                                            o['fabric_provider'], o['timeout_s'], o['proxy_threads'], self._metrics,
-                                           o['metrics_layers'])
+                                           o['metrics_layers'], bool(self.enable_shrink))
         else:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
@@ -405,15 +407,24 @@ class Buffer:
     # ------------------------------------------------------------------------------------------ low latency
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Collective. llep's signals carry call sequence numbers, so nothing needs zeroing; this (re)builds the
-        layout for (num_max_dispatch_tokens_per_rank, hidden, num_experts) and synchronises the ranks."""
+        """Collective. llep's signals carry call sequence numbers, so nothing needs zeroing between calls; this (re)builds
+        the layout for (num_max_dispatch_tokens_per_rank, hidden, num_experts) if it changed, and returns the buffer to a
+        usable state after a failed call, without re-creating it:
+          - enable_shrink=True: a barrier through the buffer among the unmasked ranks (queued on the current stream);
+            a rank silent for the timeout (LLEP_TIMEOUT_S) is masked instead of failing, as in DeepEP.
+          - otherwise every rank must call it: after a timeout (LlepTimeoutError) or another fatal error the ranks
+            agree on where their call sequences stand and reset it (the GPU backend synchronises the device), so the
+            next calls are correct. Receive hooks left from before are void. A failed proxy cannot be recovered.
+        Never inside a CUDA graph capture (as DeepEP's: SGLang calls it outside graphs)."""
         shape = (int(num_max_dispatch_tokens_per_rank), int(hidden), int(num_experts))
         self._check_size(shape)  # before closing anything: a refused switch keeps the old layout usable
         if self.runtime is not None and shape != self._shape:
             runtime, self.runtime = self.runtime, None
             runtime.close()
-        self._backend(*shape)
-        self._allgather(b'')
+            self._backend(*shape)
+            self._allgather(b'')
+            return
+        self._backend(*shape).clean(self._stream())
 
     # Host path (issue #19): these two calls are on every decode step of an engine that does not capture graphs, so
     # they do per call only what cannot be done once: a few attribute reads to check the tensors (the detailed
@@ -604,11 +615,29 @@ class Buffer:
 
     # ------------------------------------------------------------------------------------------ shrink / mask
 
+    def _shrink_runtime(self) -> Any:
+        if not self.enable_shrink:
+            raise _llep.LlepFailedPreconditionError('rank masking needs Buffer(..., enable_shrink=True)')
+        if self.runtime is None:
+            raise _llep.LlepFailedPreconditionError(
+                'the mask starts with the buffer: make a low-latency call (or clean_low_latency_buffer) first')
+        return self.runtime
+
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
-        raise NotImplementedError('rank masking (enable_shrink) is not implemented by llep yet')
+        """Masks (mask=True) or unmasks a rank on this rank's buffer (DeepEP semantics, enable_shrink=True): a masked
+        rank is not sent to and not waited on, its tokens are dropped from dispatch and its experts' terms from
+        combine. Stream-ordered on the GPU backend (capturable)."""
+        if not isinstance(rank_to_mask, int) or isinstance(rank_to_mask, bool):
+            raise _invalid(f'rank_to_mask must be an int, got {type(rank_to_mask).__name__}')
+        self._shrink_runtime().set_masked(rank_to_mask, bool(mask), self._stream())
 
     def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
-        raise NotImplementedError('rank masking (enable_shrink) is not implemented by llep yet')
+        """Fills mask_status (int32 [num_ranks], on the buffer's device) with this rank's mask: 1 = masked (by
+        low_latency_update_mask_buffer, or because it stayed silent for the timeout)."""
+        runtime = self._shrink_runtime()
+        _check_tensor('mask_status', mask_status, torch.int32, (self.group_size,), self._device)
+        runtime.query_masks(mask_status.data_ptr(), self._stream())
 
     def low_latency_clean_mask_buffer(self) -> None:
-        raise NotImplementedError('rank masking (enable_shrink) is not implemented by llep yet')
+        """Unmasks every rank on this rank's buffer (DeepEP semantics)."""
+        self._shrink_runtime().clear_masks(self._stream())

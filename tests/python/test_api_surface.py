@@ -96,7 +96,8 @@ def test_normal_mode_and_shrink_are_clear_errors():
     buf = llep.Buffer.__new__(llep.Buffer)  # no group needed to reach these
     with pytest.raises(NotImplementedError, match='low-latency mode only'):
         buf.dispatch(None)
-    with pytest.raises(NotImplementedError, match='enable_shrink'):
+    buf.enable_shrink = False
+    with pytest.raises(llep.LlepFailedPreconditionError, match='enable_shrink'):
         buf.low_latency_update_mask_buffer(1, True)
 
 
