@@ -10,6 +10,19 @@
 
 namespace llep {
 
+absl::StatusOr<std::vector<uint64_t>> Bootstrap::AllGatherU64(uint64_t value) {
+  std::string mine(sizeof(value), '\0');
+  std::memcpy(mine.data(), &value, sizeof(value));
+  absl::StatusOr<std::vector<std::string>> all = AllGather(mine);
+  if (!all.ok()) return all.status();
+  std::vector<uint64_t> out(all->size());
+  for (size_t r = 0; r < all->size(); ++r) {
+    if ((*all)[r].size() != sizeof(value)) return absl::DataLossError("AllGatherU64: malformed contribution");
+    std::memcpy(&out[r], (*all)[r].data(), sizeof(value));
+  }
+  return out;
+}
+
 std::string PackStringList(const std::vector<std::string>& items) {
   std::string out;
   const uint32_t n = static_cast<uint32_t>(items.size());

@@ -4,6 +4,7 @@
 // by all ranks in the same order; a Bootstrap is used by one thread at a time.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,6 +26,9 @@ class Bootstrap {
   virtual absl::StatusOr<std::vector<std::string>> AllGather(const std::string& blob) = 0;
   /// Returns once every rank called Barrier (an AllGather of nothing).
   absl::Status Barrier();
+  /// Every rank contributes one number; returns all of them indexed by rank (e.g. where each rank's call sequence
+  /// stands, when the ranks re-align after a failed call).
+  absl::StatusOr<std::vector<uint64_t>> AllGatherU64(uint64_t value);
 };
 
 /// A list of byte strings as one blob ([u32 count] then per entry [u32 length][bytes]), for AllGather of several

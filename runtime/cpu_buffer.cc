@@ -365,14 +365,10 @@ absl::Status CpuBuffer::Clean() {
       if (closed_) return absl::FailedPreconditionError("buffer is closed");
       last = calls_.last();
     }
-    std::string mine(sizeof(last), '\0');
-    std::memcpy(mine.data(), &last, sizeof(last));
-    LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+    LLEP_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, bootstrap_.AllGatherU64(last));
     uint32_t newest = last;
-    for (const std::string& b : all) {
-      uint32_t v = 0;
-      if (b.size() != sizeof(v)) return absl::InternalError("clean: malformed sequence exchange");
-      std::memcpy(&v, b.data(), sizeof(v));
+    for (const uint64_t w : all) {
+      const auto v = static_cast<uint32_t>(w);
       if (newest == 0 || (v != 0 && protocol::SignalIsNewer(v, newest))) newest = v;
     }
     absl::MutexLock lock(&mu_);

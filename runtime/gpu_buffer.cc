@@ -233,16 +233,8 @@ absl::Status GpuBuffer::Clean(cudaStream_t stream) {
   kernels::cuda::LlCallState state;
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(&state, ctx_.calls, sizeof(state), cudaMemcpyDeviceToHost));
   const uint64_t launches = (state.send_ctas + num_ctas_ - 1) / num_ctas_;  // a refused launch still took its number
-  std::string mine(sizeof(launches), '\0');
-  std::memcpy(mine.data(), &launches, sizeof(launches));
-  LLEP_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
-  uint64_t newest = launches;
-  for (const std::string& b : all) {
-    uint64_t v = 0;
-    if (b.size() != sizeof(v)) return absl::InternalError("clean: malformed launch-count exchange");
-    std::memcpy(&v, b.data(), sizeof(v));
-    newest = std::max(newest, v);
-  }
+  LLEP_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, bootstrap_.AllGatherU64(launches));
+  const uint64_t newest = *std::max_element(all.begin(), all.end());
   // Every rank's next send takes launch index `newest` + 1 (one spare: a number no rank used), so every signal word
   // written before is older than any call after; nothing is in flight and no region is held.
   const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts};
