@@ -247,6 +247,11 @@ def _run(scenario, device):
     open(os.path.join(workdir, 'port'), 'w').write(str(_free_port()))
     env = dict(os.environ, LLEP_TIMEOUT_S=str(TIMEOUT_S))
     env.pop('LLEP_METRICS_PORT', None)
+    if device == 'cpu':
+        # Known limit (README): over libfabric's shm provider a survivor's connection to a *live* peer can fail with
+        # EIO after another peer was SIGKILLed (seen once in three runs); the survivor then masks that live peer too.
+        # Over tcp;ofi_rxm a killed peer only breaks its own connections. Set LLEP_FABRIC_PROVIDER to run over shm.
+        env.setdefault('LLEP_FABRIC_PROVIDER', 'tcp;ofi_rxm')
     procs = [subprocess.Popen([sys.executable, __file__, '--rank', str(r), '--ranks', str(R), '--device', device,
                                '--scenario', scenario, '--workdir', workdir], env=env) for r in range(R)]
     failed_ranks = set(FAIL_AT.values()) if scenario == 'shrink' else set()
