@@ -20,6 +20,11 @@ absl::Status DeviceErrorToStatus(const protocol::DeviceErrorRecord& e, const Dev
       msg = absl::StrCat(where, "the handle's layout_range is inconsistent (entry or total ", e.detail, ", home rank ",
                          e.peer, "); those rows were not sent: pass the handle of the matching dispatch");
       break;
+    case protocol::kDeviceCombineMismatch:
+      msg = absl::StrCat(where, "rank ", e.peer, " returned ", e.detail >> 32,
+                         " rows but this rank's topk_idx selects ", e.detail & 0xFFFFFFFF,
+                         " of its experts; combine needs the topk_idx of the matching dispatch (out was not written)");
+      break;
     case protocol::kDeviceTimeout:
       msg = absl::StrCat(where,
                          e.peer == ctx.rank ? "this rank's own kernel did not finish its sends"

@@ -47,9 +47,17 @@ TEST(DeviceErrorStatusTest, MessagesNameWhatTheCallerMustFix) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("error code 77"));
 }
 
-TEST(DeviceErrorStatusTest, OnlyBadIdsAndBadLayoutRangesAreRecoverable) {
+TEST(DeviceErrorStatusTest, CombineMismatchNamesBothCounts) {
+  const absl::Status s =
+      DeviceErrorToStatus({protocol::kDeviceCombineMismatch, 1, 3, 7, (int64_t{8} << 32) | 5}, Ctx());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 3 returned 8 rows but this rank's topk_idx selects 5"));
+}
+
+TEST(DeviceErrorStatusTest, OnlyTheCallersBadInputIsRecoverable) {
   for (uint32_t code = 1; code < protocol::kNumDeviceErrorCodes; ++code) {
-    const bool recoverable = code == protocol::kDeviceBadExpertId || code == protocol::kDeviceBadLayoutRange;
+    const bool recoverable = code == protocol::kDeviceBadExpertId || code == protocol::kDeviceBadLayoutRange ||
+                             code == protocol::kDeviceCombineMismatch;
     EXPECT_EQ(protocol::DeviceErrorIsRecoverable(code), recoverable) << code;
     // Recoverable errors are the caller's bad input; fatal ones never are.
     EXPECT_EQ(protocol::DeviceErrorCanonicalCode(code) == protocol::CanonicalCode::kInvalidArgument, recoverable);

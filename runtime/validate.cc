@@ -132,7 +132,8 @@ absl::Status ValidateDispatchCall(const LlShape& shape, const DispatchCall& call
   }
   if (absl::Status s = ValidateDispatchMode(shape, call.mode); !s.ok()) return s;
   if (call.num_tokens > 0 && (call.x == nullptr || call.topk_idx == nullptr)) {
-    return absl::InvalidArgumentError("dispatch x or topk_idx is null");
+    return absl::InvalidArgumentError(
+        "dispatch x or topk_idx has no data (a null pointer: a meta tensor, or one without storage)");
   }
   if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
       call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {
@@ -144,10 +145,12 @@ absl::Status ValidateDispatchCall(const LlShape& shape, const DispatchCall& call
 
 absl::Status ValidateCombineCall(const LlShape& shape, const CombineCall& call) {
   if (absl::Status s = ValidateCounts(shape, call.num_tokens, call.num_topk); !s.ok()) return s;
-  if (!call.zero_copy && call.x == nullptr) return absl::InvalidArgumentError("combine x is null");
+  if (!call.zero_copy && call.x == nullptr)
+    return absl::InvalidArgumentError("combine x has no data (a null pointer: a meta tensor, or one without storage)");
   if (call.layout_range == nullptr) return absl::InvalidArgumentError("combine layout_range is null");
   if (call.num_tokens > 0 && (call.out == nullptr || call.topk_weights == nullptr || call.topk_idx == nullptr)) {
-    return absl::InvalidArgumentError("combine out, topk_idx or topk_weights is null");
+    return absl::InvalidArgumentError(
+        "combine out, topk_idx or topk_weights has no data (a null pointer: a meta tensor, or one without storage)");
   }
   return absl::OkStatus();
 }

@@ -261,7 +261,9 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       StampWaitEnd(c, seq);
       for (int d = tid; checks_counts && d < R; d += kThreads) {
         if (!*failed && got[d] >= 0 && routed[d] != got[d]) {  // got -1: masked, its rows are dropped
-          RecordError(c, protocol::kDeviceBadMessage, LlOp::kCombine, d, seq, got[d]);
+          // The signals arrived and were consumed: the protocol is intact, only this rank's input was wrong.
+          RecordError(c, protocol::kDeviceCombineMismatch, LlOp::kCombine, d, seq,
+                      (int64_t{got[d]} << 32) | static_cast<uint32_t>(routed[d]));
           *failed = 1;
         }
       }

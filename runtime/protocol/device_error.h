@@ -15,17 +15,19 @@ namespace llep::protocol {
 /// Error codes the kernels record (DeviceErrorRecord::code). 0 = no error.
 enum DeviceErrorCode : uint32_t {
   kDeviceOk = 0,
-  kDeviceBadExpertId = 1,      ///< topk_idx outside [-1, num_experts) or repeated: detail = the id; treated as -1
-  kDeviceBadLayoutRange = 2,   ///< combine handle's layout_range inconsistent: detail = the entry; rows skipped
-  kDeviceTimeout = 3,          ///< a peer did not signal in time: peer = that rank (own rank: a CTA never finished)
-  kDeviceSequenceOverrun = 4,  ///< a signal from a later call arrived first: detail = its seq
-  kDeviceBadMessage = 5,       ///< a received header is inconsistent: peer = its source, detail = message index
-  kDeviceInFlight = 6,         ///< a send found its half held by an unreceived operation: detail = that seq
-  kDeviceBadReceive = 7,       ///< a receive launch whose tag names no operation waiting for it: detail = the tag
-  kDeviceRegionBusy = 8,       ///< a send into a region peers may still read (LlCallState): detail = first safe seq
-  kDeviceProxyFailed = 9,      ///< a FIFO push found the proxy stopped (its abort flag): peer = the destination
+  kDeviceBadExpertId = 1,       ///< topk_idx outside [-1, num_experts) or repeated: detail = the id; treated as -1
+  kDeviceBadLayoutRange = 2,    ///< combine handle's layout_range inconsistent: detail = the entry; rows skipped
+  kDeviceTimeout = 3,           ///< a peer did not signal in time: peer = that rank (own rank: a CTA never finished)
+  kDeviceSequenceOverrun = 4,   ///< a signal from a later call arrived first: detail = its seq
+  kDeviceBadMessage = 5,        ///< a received header is inconsistent: peer = its source, detail = message index
+  kDeviceInFlight = 6,          ///< a send found its half held by an unreceived operation: detail = that seq
+  kDeviceBadReceive = 7,        ///< a receive launch whose tag names no operation waiting for it: detail = the tag
+  kDeviceRegionBusy = 8,        ///< a send into a region peers may still read (LlCallState): detail = first safe seq
+  kDeviceProxyFailed = 9,       ///< a FIFO push found the proxy stopped (its abort flag): peer = the destination
+  kDeviceCombineMismatch = 10,  ///< an expert rank returned other than the rows this rank's topk_idx selects:
+                                ///< peer = that rank, detail = rows returned << 32 | rows selected; out not written
 };
-inline constexpr uint32_t kNumDeviceErrorCodes = 10;
+inline constexpr uint32_t kNumDeviceErrorCodes = 11;
 
 /// First error a kernel hit. The right to write it is claimed with an atomicCAS on a device-memory word, the fields
 /// are written, and `code` is stored last, so the host never reads a code with the fields of another error.
@@ -37,10 +39,11 @@ struct DeviceErrorRecord {
   int64_t detail;  ///< code-specific value
 };
 
-/// Recoverable errors leave the buffer consistent (the kernels treated the bad entries as absent); every other code
-/// leaves the protocol state unknown: the operation is aborted and the host refuses further calls.
+/// Recoverable errors leave the buffer consistent (the kernels treated the bad entries as absent, or a combine whose
+/// topk_idx does not match its handle completed its protocol without writing out); every other code leaves the
+/// protocol state unknown: the operation is aborted and the host refuses further calls.
 LLEP_HD constexpr bool DeviceErrorIsRecoverable(uint32_t code) {
-  return code == kDeviceBadExpertId || code == kDeviceBadLayoutRange;
+  return code == kDeviceBadExpertId || code == kDeviceBadLayoutRange || code == kDeviceCombineMismatch;
 }
 
 /// Canonical status codes (the numbering absl::StatusCode and google.rpc.Code share).
@@ -59,6 +62,7 @@ LLEP_HD constexpr CanonicalCode DeviceErrorCanonicalCode(uint32_t code) {
   switch (code) {
     case kDeviceBadExpertId:
     case kDeviceBadLayoutRange:
+    case kDeviceCombineMismatch:
       return CanonicalCode::kInvalidArgument;
     case kDeviceTimeout:
       return CanonicalCode::kDeadlineExceeded;
