@@ -23,6 +23,7 @@ metrics exporter) are listed with their defaults in one table, README "Options";
 (runtime/base/env.h) when the Buffer is created and passed to the backend as explicit arguments.
 """
 import contextlib
+import operator
 import os
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
@@ -62,12 +63,22 @@ _raw_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None)  # device ind
 def _fast_ok(t: Any, dtype: torch.dtype, dev_index: int) -> bool:
     """The per-call tensor check: type, dtype, contiguity and device (-1 = CPU) in a few attribute reads; a failure
     goes to the detailed checks for the message."""
-    return isinstance(t, torch.Tensor) and t.dtype is dtype and t.is_contiguous() and t.get_device() == dev_index
+    return (isinstance(t, torch.Tensor) and t.dtype is dtype and t.is_contiguous() and t.get_device() == dev_index and
+            (dev_index >= 0 or t.is_cpu))  # get_device() is -1 for CPU and for meta tensors too
 
 
 def _fast_ok_optional(t: Any, dtype: torch.dtype, shape: Tuple[int, ...], dev_index: int) -> bool:
     """_fast_ok with the shape, for the optional statistics tensors (None passes)."""
     return t is None or (_fast_ok(t, dtype, dev_index) and t.shape == shape)
+
+
+def _layout_shape(num_max_dispatch_tokens_per_rank: Any, hidden: Any, num_experts: Any) -> Tuple[int, int, int]:
+    """(T, hidden, num_experts) as ints; a float such as 8.5 is a TypeError, not silently truncated."""
+    shape = (operator.index(num_max_dispatch_tokens_per_rank), operator.index(hidden), operator.index(num_experts))
+    for name, v in zip(('num_max_dispatch_tokens_per_rank', 'hidden', 'num_experts'), shape):
+        if not -2**31 <= v < 2**31:
+            raise _invalid(f'{name} ({v}) is out of range')
+    return shape
 
 
 class _DispatchOutputs(NamedTuple):
@@ -143,15 +154,18 @@ class _ReceiveHook:
     runs (CPU, releasing the GIL; safe from another thread, as vLLM's DBO does) the receive phase once. Holds the call's
     tensors until then: stream order keeps them valid afterwards."""
 
-    __slots__ = ('_buffer', '_runtime', '_op', '_keep')
+    __slots__ = ('_buffer', '_runtime', '_op', '_keep', '_handle_key')
 
     def __init__(self, buffer: 'Buffer', runtime: Any, op: Any, keep: Tuple) -> None:
         self._buffer, self._runtime, self._op, self._keep = buffer, runtime, op, keep
+        self._handle_key = 0  # a dispatch's layout_range address (Buffer._unreceived), 0 for a combine
 
     def __call__(self) -> None:
         op, self._op = self._op, None
         if op is None:
             raise _llep.LlepFailedPreconditionError('this receive hook already ran')
+        if self._handle_key:
+            self._buffer._unreceived.discard(self._handle_key)
         try:
             with _NoTorchFunction():
                 self._runtime.receive(op, self._buffer._stream())
@@ -167,6 +181,7 @@ class Buffer:
     """
 
     num_sms: int = 20
+    _destroyed: bool = False  # class default too: a Buffer made without __init__ (tests) reads as not destroyed
 
     def __init__(self, group: Optional[dist.ProcessGroup], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
@@ -178,8 +193,13 @@ class Buffer:
             self.rank, self.group_size = comm.Get_rank(), comm.Get_size()
         else:
             raise ValueError('Buffer needs a torch.distributed group or an mpi4py communicator (comm)')
+        for name, value in (('num_nvl_bytes', num_nvl_bytes), ('num_rdma_bytes', num_rdma_bytes)):
+            if not isinstance(value, int) or value < 0:
+                raise _invalid(f'{name} must be a non-negative int, got {value!r}')
         if num_rdma_bytes % 128 != 0:
             raise _invalid(f'num_rdma_bytes ({num_rdma_bytes}) must be a multiple of 128')
+        if not isinstance(num_qps_per_rank, int) or num_qps_per_rank < 1:
+            raise _invalid(f'num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}')
         self.group = group
         self.comm = comm
         self.num_nvl_bytes = num_nvl_bytes
@@ -203,6 +223,9 @@ class Buffer:
         self._dev_index = -1  # CUDA device index of the backend, -1 for the CPU backend
         self._out_specs: Dict[Tuple[bool, bool], _DispatchOutputs] = {}  # per (use_fp8, use_ue8m0)
         self._combine_specs: Tuple = ()  # combine's expected x / src_info / layout_range shapes
+        self._dispatched = False  # a combine needs a dispatch of this layout before it
+        # layout_range addresses of dispatches whose receive hook has not run: their handle is not written yet.
+        self._unreceived: set = set()
         default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
         self.backend = self._options['backend'] or default
 
@@ -220,7 +243,7 @@ class Buffer:
             return self.runtime  # the per-call case: one tuple compare
         if self._destroyed:
             raise _llep.LlepFailedPreconditionError('Buffer.destroy() was called')
-        shape = (int(num_max_dispatch_tokens_per_rank), int(hidden), int(num_experts))
+        shape = _layout_shape(num_max_dispatch_tokens_per_rank, hidden, num_experts)
         if self.runtime is not None:
             if shape != self._shape:
                 raise _invalid(f'this Buffer holds the layout for (num_max_dispatch_tokens_per_rank, hidden, '
@@ -249,6 +272,8 @@ class Buffer:
         self._shape = shape
         self._dev_index = self._device.index if self._device.type == 'cuda' else -1
         self._out_specs = {}
+        self._dispatched = False
+        self._unreceived.clear()
         E_loc, rows = shape[2] // self.group_size, self.group_size * shape[0]
         self._combine_specs = ((E_loc, rows, shape[1]), (E_loc, rows), (E_loc, self.group_size))
         port = int(self._options['metrics_port'])
@@ -262,6 +287,8 @@ class Buffer:
     # ------------------------------------------------------------------------------------------ metrics (llep)
 
     def _metrics_runtime(self) -> Any:
+        if self._destroyed:
+            raise _llep.LlepFailedPreconditionError('Buffer.destroy() was called')
         if self.runtime is None:
             raise _llep.LlepFailedPreconditionError(
                 'metrics start with the buffer: make a low-latency call (or clean_low_latency_buffer) first')
@@ -416,7 +443,9 @@ class Buffer:
             agree on where their call sequences stand and reset it (the GPU backend synchronises the device), so the
             next calls are correct. Receive hooks left from before are void. A failed proxy cannot be recovered.
         Never inside a CUDA graph capture (as DeepEP's: SGLang calls it outside graphs)."""
-        shape = (int(num_max_dispatch_tokens_per_rank), int(hidden), int(num_experts))
+        if self._destroyed:
+            raise _llep.LlepFailedPreconditionError('Buffer.destroy() was called')
+        shape = _layout_shape(num_max_dispatch_tokens_per_rank, hidden, num_experts)
         self._check_size(shape)  # before closing anything: a refused switch keeps the old layout usable
         if self.runtime is not None and shape != self._shape:
             runtime, self.runtime = self.runtime, None
@@ -424,6 +453,7 @@ class Buffer:
             self._backend(*shape)
             self._allgather(b'')
             return
+        self._unreceived.clear()  # hooks left from before are void
         self._backend(*shape).clean(self._stream())
 
     # Host path (issue #19): these two calls are on every decode step of an engine that does not capture graphs, so
@@ -481,11 +511,17 @@ class Buffer:
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
                 0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
                 layer, return_recv_hook, self._stream())
+            self._dispatched = True
+            if self._unreceived:  # an entry at this address is stale: its hook was dropped unrun and the memory reused
+                self._unreceived.discard(layout_range.data_ptr())
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook, (
                     x, topk_idx, recv_x, scales, recv_count, src_info, layout_range,
                     cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats))
+                if return_recv_hook:  # its hook keeps layout_range alive (so the address unique) until it runs
+                    self._unreceived.add(layout_range.data_ptr())
+                    hook._handle_key = layout_range.data_ptr()
             handle = (src_info, layout_range, int(num_max_dispatch_tokens_per_rank), hidden, int(num_experts))
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
@@ -539,6 +575,10 @@ class Buffer:
             runtime = self._backend(T, hidden, num_experts)
             dev_index = self._dev_index
             spec = self._combine_specs
+            if not self._dispatched:
+                raise _llep.LlepFailedPreconditionError(
+                    'low_latency_combine before any low_latency_dispatch of this layout: pass the handle a dispatch '
+                    'returned')
             if not (_fast_ok(topk_idx, topk_idx_t, dev_index) and topk_idx.dim() == 2 and
                     _fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_idx.shape and
                     (zero_copy or (_fast_ok(x, torch.bfloat16, dev_index) and x.shape == spec[0])) and
@@ -549,6 +589,10 @@ class Buffer:
                     _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
+            if self._unreceived and layout_range.data_ptr() in self._unreceived:
+                raise _llep.LlepFailedPreconditionError(
+                    'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
+                    'hook before combining')
             num_tokens = topk_idx.size(0)
             if out is None:
                 out = topk_weights.new_empty((num_tokens, hidden), dtype=torch.bfloat16)
@@ -603,6 +647,8 @@ class Buffer:
         zero_copy=True; rows are padded to (hidden + hidden / 64) elements, as in DeepEP. On the GPU backend it is
         one fixed area for every call (the buffer half is picked on the device), so graphs may capture it: write it
         after the previous combine was sent (stream order)."""
+        if type(handle) is not tuple or len(handle) != 5:
+            raise _invalid('handle must be the 5-tuple low_latency_dispatch returned')
         src_info, layout_range, T, hidden, num_experts = handle
         runtime = self._backend(T, hidden, num_experts)
         E_loc, rows, m = num_experts // self.group_size, self.group_size * T, runtime.combine_row_stride
@@ -616,6 +662,8 @@ class Buffer:
     # ------------------------------------------------------------------------------------------ shrink / mask
 
     def _shrink_runtime(self) -> Any:
+        if self._destroyed:
+            raise _llep.LlepFailedPreconditionError('Buffer.destroy() was called')
         if not self.enable_shrink:
             raise _llep.LlepFailedPreconditionError('rank masking needs Buffer(..., enable_shrink=True)')
         if self.runtime is None:
