@@ -3,7 +3,6 @@ src_info, values, combine vs sum_k w * x) for BF16, FP8, FP8 round_scale and UE8
 receive hooks, a hook run from another thread, zero-copy combine, determinism, metrics and argument errors."""
 import datetime
 import os
-import socket
 import threading
 
 import pytest
@@ -12,14 +11,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
+from llep_test_util import free_port
 
 T, H, E, K, R = 16, 2048, 16, 4, 4
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _e4m3_table():
@@ -288,4 +283,4 @@ def _worker(rank, port, provider):
 
 @pytest.mark.parametrize('provider', ['shm', 'tcp;ofi_rxm'])
 def test_four_ranks(provider):
-    mp.spawn(_worker, args=(_free_port(), provider), nprocs=R, join=True)
+    mp.spawn(_worker, args=(free_port(), provider), nprocs=R, join=True)

@@ -5,7 +5,6 @@ odd number of low-latency calls), and that two micro-batches combine to the same
 side (real graphs, 10,000 random replays against this backend) is tests/gpu/graph_test.py."""
 import datetime
 import os
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import llep
 from llep.graph_capture import DecodeGraphs, graph_sizes, moe_step, pick_size
 
 import graph_steps
+from llep_test_util import free_port
 
 T, H, E, K, R = 8, 1024, 16, 4, 2
 
@@ -33,11 +33,6 @@ def test_graph_sizes_and_pick():
     with pytest.raises(ValueError, match='does not fit'):
         pick_size(sizes, 33)
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, port):
@@ -80,4 +75,4 @@ def _worker(rank, port):
 
 def test_decode_graphs_pad_on_cpu_backend():
     os.environ.setdefault('LLEP_FABRIC_PROVIDER', 'shm')
-    mp.spawn(_worker, args=(_free_port(),), nprocs=R, join=True)
+    mp.spawn(_worker, args=(free_port(),), nprocs=R, join=True)

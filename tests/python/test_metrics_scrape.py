@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import re
-import socket
 import statistics
 import sys
 import threading
@@ -27,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
+from llep_test_util import free_port
 
 R, T, H, E, K = 2, 8, 1024, 16, 4
 LAYERS = 3
@@ -34,11 +34,6 @@ SCRAPES = 1000
 SERIES = re.compile(r'^(llep_expert_recv_tokens_total|llep_ops_total)\{([^}]*)\} ([0-9.e+]+)$')
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _routing(rank, call):
@@ -167,7 +162,7 @@ def _worker(rank, port, device, out_dir):
 
 
 def run(device, out_dir):
-    mp.spawn(_worker, args=(_free_port(), device, out_dir), nprocs=R, join=True)
+    mp.spawn(_worker, args=(free_port(), device, out_dir), nprocs=R, join=True)
     results = [json.load(open(os.path.join(out_dir, f'rank{r}.txt'))) for r in range(R)]
     for r, res in enumerate(results):
         print(f'rank {r}: {res["stats"]}')

@@ -23,21 +23,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from llep_test_util import free_port
+
 T, H, K = 8, 1024, 4
 TIMEOUT_S = 3.0
 FAIL_AT = {'dispatch': 1, 'combine': 3, 'clean': 4}
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _inputs(rank, rnd, R, E, dev):
@@ -244,7 +240,7 @@ def _rank_main(a):
 def _run(scenario, device):
     R = 5 if scenario == 'shrink' else 3
     workdir = tempfile.mkdtemp(prefix='llep-shrink-')
-    open(os.path.join(workdir, 'port'), 'w').write(str(_free_port()))
+    open(os.path.join(workdir, 'port'), 'w').write(str(free_port()))
     env = dict(os.environ, LLEP_TIMEOUT_S=str(TIMEOUT_S))
     env.pop('LLEP_METRICS_PORT', None)
     if device == 'cpu':
