@@ -36,6 +36,7 @@ def test_graph_sizes_and_pick():
 
 
 def _worker(rank, port):
+    os.environ.setdefault('LLEP_FABRIC_PROVIDER', 'shm')  # in the rank process: the pytest process's env stays as it was
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=R,
                             timeout=datetime.timedelta(seconds=120))
     buf = llep.Buffer(dist.group.WORLD, low_latency_mode=True, explicitly_destroy=True)
@@ -74,5 +75,4 @@ def _worker(rank, port):
 
 
 def test_decode_graphs_pad_on_cpu_backend():
-    os.environ.setdefault('LLEP_FABRIC_PROVIDER', 'shm')
     mp.spawn(_worker, args=(free_port(),), nprocs=R, join=True)
