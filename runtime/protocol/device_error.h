@@ -39,13 +39,6 @@ struct DeviceErrorRecord {
   int64_t detail;  ///< code-specific value
 };
 
-/// Recoverable errors leave the buffer consistent (the kernels treated the bad entries as absent, or a combine whose
-/// topk_idx does not match its handle completed its protocol without writing out); every other code leaves the
-/// protocol state unknown: the operation is aborted and the host refuses further calls.
-LLEP_HD constexpr bool DeviceErrorIsRecoverable(uint32_t code) {
-  return code == kDeviceBadExpertId || code == kDeviceBadLayoutRange || code == kDeviceCombineMismatch;
-}
-
 /// Canonical status codes (the numbering absl::StatusCode and google.rpc.Code share).
 enum class CanonicalCode : int {
   kInvalidArgument = 3,
@@ -75,6 +68,14 @@ LLEP_HD constexpr CanonicalCode DeviceErrorCanonicalCode(uint32_t code) {
     default:
       return CanonicalCode::kDataLoss;
   }
+}
+
+/// Recoverable errors leave the buffer consistent (the kernels treated the bad entries as absent, or a combine whose
+/// topk_idx does not match its handle completed its protocol without writing out); every other code leaves the
+/// protocol state unknown: the operation is aborted and the host refuses further calls. Recoverable is exactly the
+/// caller's bad input (InvalidArgument): one list of codes, in DeviceErrorCanonicalCode.
+LLEP_HD constexpr bool DeviceErrorIsRecoverable(uint32_t code) {
+  return DeviceErrorCanonicalCode(code) == CanonicalCode::kInvalidArgument;
 }
 
 }  // namespace llep::protocol
