@@ -17,7 +17,7 @@ namespace {
 __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
-  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
   uint32_t seq = kSeqPending;
@@ -38,10 +38,11 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
     const int64_t v = p.layout_range[q];
     const int64_t n = protocol::LayoutRangeCount(v), b = protocol::LayoutRangeBegin(v);
     const bool ok = n <= T && b >= 0 && b + n <= rows;
-    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, q % R, seq, q);
+    const int le = L.ranks.Div(q), d = q - le * R;  // q = le * R + d: layout_range is [E_loc][R]
+    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, q);
     cnt[q] = ok ? static_cast<int>(n) : 0;
     beg[q] = ok ? static_cast<int>(b) : 0;
-    pos[(q % R) * E_loc + q / R] = cnt[q];
+    pos[d * E_loc + le] = cnt[q];
   }
   __syncthreads();
   const int pos_total = BlockExclusiveScan(pos, E, warp_sums);  // (one scan instead of a serial loop per rank)
@@ -52,7 +53,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
     rows_to[d] = ok ? n : -1;
   }
   __syncthreads();
-  for (int q = tid; q < E; q += kThreads) start[q] = rows_to[q % R] < 0 ? 0 : cnt[q];
+  for (int q = tid; q < E; q += kThreads) start[q] = rows_to[L.ranks.Mod(q)] < 0 ? 0 : cnt[q];
   __syncthreads();
   const int total = BlockExclusiveScan(start, E, warp_sums);
   Trace(c, LlOp::kCombine, kTracePlanned);
@@ -60,7 +61,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   const int half = protocol::HalfOfSeq(seq);
 
   for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
-    const int q = FindBlock(start, E, m), le = q / R, d = q % R, i = m - start[q];
+    const int q = FindBlock(start, E, m), le = L.ranks.Div(q), d = q - le * R, i = m - start[q];
     const int64_t src_row = beg[q] + i;
     const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
                                       : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
@@ -145,9 +146,9 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
                                  int n, int K, uint32_t seq, PlanScratch* sc, TokenPlan* out) {
   if (n == 0) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int E = c.layout.shape.num_experts, E_loc = c.layout.shape.num_local_experts();
+  const int E = c.layout.shape.num_experts;
   const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
-    LoadRouteKeys(topk, tp, num_tokens, K, E, E_loc, q);
+    LoadRouteKeys(topk, tp, num_tokens, K, E, c.layout.local_experts, q);
     // Counted per selection, not "any slot": a repeated id is dropped, as the validation rule does.
 #pragma unroll
     for (int j = 1; j < kMaxK; ++j) {
@@ -162,7 +163,7 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
   if (warp < n) {
     const int id = WarpTokenExpert(c, topk, first_t + warp * stride, K, LlOp::kCombine, seq);
     if (lane < kK) {
-      sc->key[warp][lane] = RouteKey(id, E, E_loc);
+      sc->key[warp][lane] = RouteKey(id, E, c.layout.local_experts);
       sc->row[warp][lane] = 0;
       out[warp].id[lane] = id;
     }
@@ -197,12 +198,11 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
 /// Rows this rank routed to each rank (validated ids), into routed[R] (zeroed by the caller, then a barrier).
 __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* routed) {
   const LlDeviceContext& c = p.ctx;
-  const int E_loc = c.layout.shape.num_local_experts();
   for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) {
     WithTokenIds(c, p.topk_idx, t, p.num_topk, LlOp::kCombine, seq, [&](const auto& ids) {
 #pragma unroll
       for (int k = 0; k < Len(ids); ++k) {
-        if (ids[k] >= 0) atomicAdd(&routed[ids[k] / E_loc], 1);
+        if (ids[k] >= 0) atomicAdd(&routed[c.layout.local_experts.Div(ids[k])], 1);
       }
     });
   }
@@ -215,7 +215,7 @@ __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* route
 __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
-  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int R = L.shape.num_ranks, H = L.shape.hidden;
   const int K = p.num_topk;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   const bool checks_counts = blockIdx.x == G - 1;
@@ -272,7 +272,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       const int g = plans[warp].id[lane];
       const uint8_t* row = nullptr;
       if (g >= 0) {
-        const int d = g / E_loc, pos = plans[warp].row[lane];
+        const int d = L.local_experts.Div(g), pos = plans[warp].row[lane];
         if (got[d] < 0) {
           // A masked expert rank (rank masking): its top-k term is dropped from the sum, as DeepEP's shrink mode does.
         } else if (pos < got[d]) {

@@ -57,7 +57,7 @@ __device__ __forceinline__ void EncodeChunk(const DispatchParams& p, ChunkPayloa
 __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
-  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
   const int K = p.num_topk;
   uint32_t seq = kSeqPending;
   const bool fp8 = p.mode.use_fp8;
@@ -83,8 +83,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         WithTokenIds(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const auto& ids) {
 #pragma unroll
           for (int k = 0; k < Len(ids); ++k) {
-            const bool hit = ids[k] >= 0 && ids[k] / E_loc == d;
-            if (hit) atomicAdd(&counts[ids[k] % E_loc], 1);
+            const int r = ids[k] >= 0 ? L.local_experts.Div(ids[k]) : -1;
+            if (r == d) atomicAdd(&counts[ids[k] - r * E_loc], 1);
+            const bool hit = r == d;
             hit_any |= hit;
           }
         });
@@ -234,7 +235,7 @@ __device__ __forceinline__ void LoadScalePass(const float* scales, int num_scale
 __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
-  const int R = L.shape.num_ranks, E_loc = L.shape.num_local_experts(), H = L.shape.hidden;
+  const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows();
   const int num_scales = L.shape.num_scales();
@@ -263,7 +264,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   StampWaitEnd(c, seq);
   if (*failed) return;
   for (int i = tid; i < E; i += kThreads) {
-    const int src = i / E_loc, le = i % E_loc;
+    const int src = L.local_experts.Div(i), le = i - src * E_loc;
     // A masked source (msg_start -1, rank masking) sends nothing: its route block is stale and not read.
     const uint32_t v =
         msg_start[src] < 0 ? 0u : reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];

@@ -101,23 +101,23 @@ struct TokenPlan {
 // E <= 2^20 keeps them from both being 65535), kNoKey for "no expert".
 constexpr uint32_t kNoKey = 0xFFFFFFFFu;
 
-__device__ __forceinline__ uint32_t RouteKey(int64_t id, int E, int E_loc) {
+__device__ __forceinline__ uint32_t RouteKey(int64_t id, int E, const protocol::FastDivisor& e_loc) {
   if (id < 0 || id >= E) return kNoKey;
-  const int g = static_cast<int>(id);
-  return static_cast<uint32_t>(g / E_loc) << 16 | static_cast<uint32_t>(g % E_loc);
+  const int g = static_cast<int>(id), d = e_loc.Div(g);
+  return static_cast<uint32_t>(d) << 16 | static_cast<uint32_t>(g - d * static_cast<int>(e_loc.divisor));
 }
 
 /// Token tp's route keys (kNoKey for slots >= K, for an id outside [0, E) and for tp >= limit): one round of
 /// independent loads. The planners' "every thread takes one token" row.
 template <int kMaxK>
-__device__ __forceinline__ void LoadRouteKeys(const int64_t* topk, int tp, int limit, int K, int E, int E_loc,
-                                              uint32_t (&q)[kMaxK]) {
+__device__ __forceinline__ void LoadRouteKeys(const int64_t* topk, int tp, int limit, int K, int E,
+                                              const protocol::FastDivisor& e_loc, uint32_t (&q)[kMaxK]) {
   const int64_t* r = topk + static_cast<int64_t>(tp) * K;
   int64_t v[kMaxK];
 #pragma unroll
   for (int j = 0; j < kMaxK; ++j) v[j] = (tp < limit && j < K) ? r[j] : -1;
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) q[j] = RouteKey(v[j], E, E_loc);
+  for (int j = 0; j < kMaxK; ++j) q[j] = RouteKey(v[j], E, e_loc);
 }
 
 /// PlanRound's shared memory: the keys of the round's tokens and their row / slot counters.
@@ -138,15 +138,17 @@ template <int kMaxK>
 __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K, LlOp op,
                           uint32_t seq, PlanScratch* sc, TokenPlan* out) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int E = c.layout.shape.num_experts, E_loc = c.layout.shape.num_local_experts();
+  const int E = c.layout.shape.num_experts;
   const int t_last = first_t + (n - 1) * stride;  // the round's last token: earlier tokens are [0, t_last)
-  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) { LoadRouteKeys(topk, tp, t_last, K, E, E_loc, q); };
+  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
+    LoadRouteKeys(topk, tp, t_last, K, E, c.layout.local_experts, q);
+  };
   uint32_t q[kMaxK];
   load_row(tid, q);  // issued before the planned tokens' own loads: both are in flight together
   if (warp < n) {
     const int id = WarpTokenExpert(c, topk, first_t + warp * stride, K, op, seq);
     if (lane < kK) {
-      sc->key[warp][lane] = RouteKey(id, E, E_loc);
+      sc->key[warp][lane] = RouteKey(id, E, c.layout.local_experts);
       sc->row[warp][lane] = 0;
       sc->slot[warp][lane] = 0;
       out[warp].id[lane] = id;

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "runtime/protocol/dispatch_msg.h"
+#include "runtime/protocol/fast_div.h"
 #include "runtime/protocol/hd.h"
 #include "runtime/protocol/imm.h"
 #include "runtime/protocol/ll_shape.h"
@@ -69,6 +70,9 @@ struct LlLayout {
   int64_t combine_stride;      // CombineRowStride(H)
   int64_t route_block_bytes;   // RouteBlockBytes(shape)
   int64_t combine_rows_per_src;
+  /// shape.num_local_experts() and shape.num_ranks as divisors: kernels split a global expert id into (rank, local
+  /// expert) and a flattened index into its parts with these instead of an integer division (fast_div.h says why).
+  FastDivisor local_experts, ranks;
   // Offsets inside a half.
   int64_t signals_off, inbox_off, outbox_off;
   int64_t d_payload_off, d_route_send_off, d_route_recv_off, d_recv_off;
@@ -121,6 +125,8 @@ LLEP_HD constexpr LlLayout ComputeLlLayout(const LlShape& s) {
   l.combine_stride = CombineRowStride(s.hidden);
   l.route_block_bytes = RouteBlockBytes(s);
   l.combine_rows_per_src = CombineRowsPerSource(s);
+  l.local_experts = FastDivisor::Make(static_cast<uint32_t>(s.num_local_experts()));
+  l.ranks = FastDivisor::Make(static_cast<uint32_t>(s.num_ranks));
   const int64_t R = s.num_ranks, T = s.max_tokens_per_rank;
   int64_t off = 0;
   l.signals_off = off;

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -133,6 +135,51 @@ TEST(LayoutTest, LayoutRangeWordIsDeepEpsCountLowBeginHigh) {
   EXPECT_EQ(LayoutRangeBegin(big), 0x7FFFFFFF);
   EXPECT_LT(LayoutRangeBegin(int64_t{-1}), 0);  // a corrupt word reads as a negative begin, which callers reject
   static_assert(LayoutRangeCount(PackLayoutRange(7, 9)) == 7 && LayoutRangeBegin(PackLayoutRange(7, 9)) == 9);
+}
+
+// The kernels' divisions by the local expert and rank counts (fast_div.h) must equal `/` and `%` for every int32
+// index >= 0. Every divisor up to 4096 (all E/R and R llep can meet in practice) against the edges of the range and
+// random numerators; then large divisors, where the multiplier's rounding error is largest.
+void ExpectDivides(uint32_t d, const std::vector<int>& numerators) {
+  const FastDivisor f = FastDivisor::Make(d);
+  for (const int n : numerators) {
+    ASSERT_EQ(f.Div(n), n / static_cast<int>(d)) << n << " / " << d;
+    ASSERT_EQ(f.Mod(n), n % static_cast<int>(d)) << n << " % " << d;
+  }
+}
+
+TEST(FastDivisor, EqualsIntegerDivisionForEveryInt32Index) {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> any(0, INT32_MAX);
+  for (uint32_t d = 1; d <= 4096; ++d) {
+    std::vector<int> n = {0,
+                          1,
+                          static_cast<int>(d) - 1,
+                          static_cast<int>(d),
+                          static_cast<int>(d) + 1,
+                          INT32_MAX,
+                          INT32_MAX - 1,
+                          INT32_MAX - static_cast<int>(d)};
+    for (int k = 0; k < 64; ++k) n.push_back(any(rng));
+    for (int q = 1; q < 1 << 16; q = q * 3 + 1) {  // around multiples of d, where an off-by-one would show
+      const int64_t m = int64_t{q} * d;
+      if (m < INT32_MAX) n.insert(n.end(), {static_cast<int>(m) - 1, static_cast<int>(m)});
+    }
+    ExpectDivides(d, n);
+  }
+  for (uint32_t d : {65535u, 65536u, 65537u, 1000003u, (1u << 30) - 1, 1u << 30, (1u << 30) + 1, 0x7FFFFFFFu}) {
+    std::vector<int> n = {0, 1, INT32_MAX, INT32_MAX - 1};
+    for (int k = 0; k < 4096; ++k) n.push_back(any(rng));
+    ExpectDivides(d, n);
+  }
+}
+
+TEST(FastDivisor, LayoutCarriesTheShapesDivisors) {
+  const LlLayout l = ComputeLlLayout(LlShape{128, 7168, 288, 2});
+  EXPECT_EQ(l.local_experts.divisor, 144u);
+  EXPECT_EQ(l.ranks.divisor, 2u);
+  EXPECT_EQ(l.local_experts.Div(287), 1);
+  EXPECT_EQ(l.local_experts.Mod(287), 143);
 }
 
 }  // namespace
