@@ -90,10 +90,15 @@ struct PendingError {
 };
 __shared__ PendingError g_pending_error;
 
-__device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq, int64_t detail) {
+/// RecordError's body, out of line: errors are rare, and inlined at each of the dozens of call sites (many in unrolled
+/// per-slot loops) it made the kernels ~15 % larger, code a receive launch fetches cold (fast_div.h). Scalars only, so
+/// the call does not copy the context to the stack. timeouts: the metrics word counting timeouts of `op`, or null.
+__device__ __noinline__ void RecordErrorOutOfLine(uint32_t* flags, protocol::DeviceErrorRecord* error,
+                                                  unsigned long long* timeouts, uint32_t code, uint32_t op, int peer,
+                                                  uint32_t seq, int64_t detail) {
   if (seq == kSeqPending) {
     if (atomicCAS(&g_pending_error.code, 0u, code) == 0u) {
-      g_pending_error.op = static_cast<uint32_t>(op);
+      g_pending_error.op = op;
       g_pending_error.peer = peer;
       g_pending_error.detail = detail;
     }
@@ -101,18 +106,27 @@ __device__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, in
   }
   const bool fatal = !protocol::DeviceErrorIsRecoverable(code);
   // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
-  if (fatal && atomicExch(&c.flags[1], 1u) == 0u && code == protocol::kDeviceTimeout && c.metrics != nullptr) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op))), 1ull);
+  if (fatal && atomicExch(&flags[1], 1u) == 0u && code == protocol::kDeviceTimeout && timeouts != nullptr) {
+    atomicAdd(timeouts, 1ull);
   }
-  if (atomicCAS(&c.flags[0], 0u, 1u) != 0u) return;  // the first error keeps the record
-  volatile protocol::DeviceErrorRecord* e = c.error;
-  e->op = static_cast<uint32_t>(op);
+  if (atomicCAS(&flags[0], 0u, 1u) != 0u) return;  // the first error keeps the record
+  volatile protocol::DeviceErrorRecord* e = error;
+  e->op = op;
   e->peer = peer;
   e->seq = seq;
   e->detail = detail;
   __threadfence_system();
   e->code = code;
   __threadfence_system();
+}
+
+__device__ __forceinline__ void RecordError(const LlDeviceContext& c, uint32_t code, LlOp op, int peer, uint32_t seq,
+                                            int64_t detail) {
+  unsigned long long* timeouts =
+      c.metrics == nullptr
+          ? nullptr
+          : reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op)));
+  RecordErrorOutOfLine(c.flags, c.error, timeouts, code, static_cast<uint32_t>(op), peer, seq, detail);
 }
 
 __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
