@@ -1,0 +1,179 @@
+"""python3 -m llep.engine: serve a batch of random decode requests on R rank processes (one per GPU, or CPU ranks over
+llep's CPU backend), MoE layers expert-parallel over one low-latency Buffer, and optionally check every request's
+greedy tokens against a single-process dense reference of the same weights.
+
+  python3 -m llep.engine --ranks 2 --device cpu --model tiny --requests 8 --new-tokens 32 --check
+  python3 -m llep.engine --ranks 2 --device cuda --model deepseek-v3-moe --layers 2 --max-batch 64
+
+Each rank writes its requests' tokens and step times to --workdir/rank{r}.json; the launcher prints tokens/s per rank
+and, with --check, PASS or the first request whose tokens differ (exit status 1)."""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+
+def _args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog='python3 -m llep.engine', description=__doc__.split('\n')[0])
+    ap.add_argument('--ranks', type=int, default=2)
+    ap.add_argument('--device', choices=('cpu', 'cuda'), default='cuda' if torch.cuda.is_available() else 'cpu')
+    ap.add_argument('--system', choices=('llep', 'deepep'), default='llep', help='whose Buffer carries the MoE layers')
+    ap.add_argument('--model', default='tiny', help='tiny or deepseek-v3-moe')
+    ap.add_argument('--layers', type=int, default=0, help='MoE layers (default: the config\'s)')
+    ap.add_argument('--weights', default='', help='a directory of .safetensors files (default: random weights)')
+    ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--requests', type=int, default=8, help='requests per rank')
+    ap.add_argument('--new-tokens', type=int, default=32)
+    ap.add_argument('--max-batch', type=int, default=4, help='running requests per rank (the Buffer\'s T)')
+    ap.add_argument('--fp8', action='store_true', help='FP8 dispatch (default BF16)')
+    ap.add_argument('--no-hooks', action='store_true', help='dispatch/combine without receive hooks')
+    ap.add_argument('--check', action='store_true', help='compare with the dense single-process reference')
+    ap.add_argument('--workdir', default='')
+    ap.add_argument('--rank', type=int, default=-1, help=argparse.SUPPRESS)  # set for the rank processes
+    ap.add_argument('--port', type=int, default=0, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def _weights(a, cfg, experts=None):
+    from .weights import init_weights, load_safetensors
+    if a.weights:
+        return load_safetensors(a.weights, cfg, experts)
+    return init_weights(cfg, a.seed, experts, device='cuda' if a.device == 'cuda' else 'cpu')
+
+
+def _buffer(a, cfg, group):
+    R = a.ranks
+    if a.system == 'llep':
+        import llep
+        hint = llep.Buffer.get_low_latency_rdma_size_hint(a.max_batch, cfg.hidden, R, cfg.num_experts)
+        buf = llep.Buffer(group, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
+        buf.backend = a.device
+        return buf
+    import deep_ep
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(a.max_batch, cfg.hidden, R, cfg.num_experts)
+    return deep_ep.Buffer(group, 0, hint, low_latency_mode=True, num_qps_per_rank=max(1, cfg.num_experts // R),
+                          explicitly_destroy=True)
+
+
+def _rank_main(a) -> None:
+    import torch.distributed as dist
+    from .config import ModelConfig
+    from .engine import Engine, make_requests
+    from .model import Model
+    from .moe import EpMoE
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{a.port}', rank=a.rank, world_size=a.ranks,
+                            timeout=datetime.timedelta(seconds=300))
+    group = dist.group.WORLD
+    if a.device == 'cuda':
+        torch.cuda.set_device(a.rank % torch.cuda.device_count())  # ranks share a GPU when there are fewer
+    dev = torch.device(a.device, torch.cuda.current_device()) if a.device == 'cuda' else torch.device('cpu')
+    from .experts import set_exact
+    set_exact(a.check)
+    cfg = ModelConfig.named(a.model, a.layers)
+    E_loc = cfg.num_experts // a.ranks
+    weights = _weights(a, cfg, range(a.rank * E_loc, (a.rank + 1) * E_loc))
+    buf = _buffer(a, cfg, group)
+    moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
+    model = Model(cfg, weights, moe, dev, a.max_batch)
+    engine = Engine(model, a.max_batch, group, idle=moe.idle)
+    for r in make_requests(a.rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
+        engine.add(r)
+    t0 = time.perf_counter()
+    done = engine.run()
+    wall = time.perf_counter() - t0
+    result = {'rank': a.rank, 'steps': engine.steps, 'wall_s': wall,
+              'step_ms': sorted(1000 * s for s in engine.step_times),
+              'tokens': {str(r.rid): r.output for r in done}}
+    with open(os.path.join(a.workdir, f'rank{a.rank}.json'), 'w') as f:
+        json.dump(result, f)
+    dist.barrier()
+    buf.destroy()
+    dist.destroy_process_group()
+
+
+def compare(a, results) -> str:
+    """'' when every request of every rank's results has the reference's tokens, else what differs first."""
+    for res in results:
+        ref = reference_tokens(a, res['rank'])
+        for rid, want in sorted(ref.items()):
+            got = res['tokens'].get(rid)
+            if got != want:
+                first = next((i for i, (x, y) in enumerate(zip(got or [], want)) if x != y), None)
+                return (f'request {rid} of rank {res["rank"]} differs from the reference at token {first}: '
+                        f'{got} vs {want}')
+    return ''
+
+
+def reference_tokens(a, rank: int) -> Dict[str, List[int]]:
+    """Rank `rank`'s requests decoded by the dense model in one process (same scheduler, same batches, same device
+    kind as the ranks, fp64 expert arithmetic as the checked ranks use)."""
+    from .config import ModelConfig
+    from .experts import set_exact
+    from .engine import Engine, make_requests
+    from .model import Model
+    from .moe import DenseMoE
+    cfg = ModelConfig.named(a.model, a.layers)
+    set_exact(True)
+    weights = _weights(a, cfg)
+    dev = torch.device('cuda', 0) if a.device == 'cuda' else torch.device('cpu')
+    model = Model(cfg, weights, DenseMoE(cfg, weights, dev, use_fp8=a.fp8), dev, a.max_batch)
+    engine = Engine(model, a.max_batch)
+    for r in make_requests(rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
+        engine.add(r)
+    return {str(r.rid): r.output for r in engine.run()}
+
+
+def launch(a, argv: List[str]) -> int:
+    from .config import ModelConfig
+    cfg = ModelConfig.named(a.model, a.layers)
+    if a.ranks < 1 or cfg.num_experts % a.ranks:
+        print(f'llep.engine: {a.ranks} ranks cannot share {cfg.num_experts} experts evenly')
+        return 2
+    workdir = a.workdir or tempfile.mkdtemp(prefix='llep-engine-')
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    # The rank processes get the launcher's arguments; argparse keeps the last --workdir, this one.
+    procs = [subprocess.Popen([sys.executable, '-m', 'llep.engine', *argv, '--rank', str(r), '--port', str(port),
+                               '--workdir', workdir]) for r in range(a.ranks)]
+    rc = [p.wait(timeout=3600) for p in procs]
+    if any(rc):
+        print(f'llep.engine: rank exit codes {rc}')
+        return 1
+    results = [json.load(open(os.path.join(workdir, f'rank{r}.json'))) for r in range(a.ranks)]
+    for res in results:
+        toks = sum(len(t) for t in res['tokens'].values())
+        med = res['step_ms'][len(res['step_ms']) // 2] if res['step_ms'] else float('nan')
+        print(f"rank {res['rank']}: {len(res['tokens'])} requests, {toks} tokens in {res['steps']} steps, "
+              f"{res['wall_s']:.2f} s ({toks / res['wall_s']:.1f} tokens/s), median step {med:.2f} ms")
+    if not a.check:
+        return 0
+    diff = compare(a, results)
+    if diff:
+        print(f'llep.engine check: FAIL: {diff}')
+        return 1
+    print(f'llep.engine check: PASS: {sum(len(r["tokens"]) for r in results)} requests on {a.ranks} ranks, every '
+          f'token equal to the dense reference ({"FP8" if a.fp8 else "BF16"} dispatch, '
+          f'hooks {"off" if a.no_hooks else "on"})')
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = _args(argv)
+    if a.rank >= 0:
+        _rank_main(a)
+        return 0
+    return launch(a, argv)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

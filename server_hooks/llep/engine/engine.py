@@ -1,0 +1,110 @@
+"""Continuous batching of decode requests on one rank, in lockstep with the other ranks of the expert-parallel group.
+
+Each step: finished requests leave, waiting ones take free KV slots (up to max_batch), and every running request feeds
+one token: the next prompt token while it is prefilling (prefill runs token by token, eagerly), else its last output.
+Greedy sampling. The ranks agree on every step through a CPU all-reduce of (batch size, requests left) over the
+group: all ranks step until no rank has work, and a rank without requests runs its MoE layers' dispatch and combine on
+a dummy token with no experts (EpMoE.idle), as SGLang's DP-attention idle batches do."""
+import dataclasses
+import time
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .model import Model
+
+
+@dataclasses.dataclass
+class Request:
+    rid: int
+    prompt: List[int]
+    max_new_tokens: int
+    output: List[int] = dataclasses.field(default_factory=list)
+    pos: int = 0  # tokens of this request already in its KV cache
+    slot: int = -1
+
+    def next_token(self) -> int:
+        return self.prompt[self.pos] if self.pos < len(self.prompt) else self.output[-1]
+
+    def done(self, max_seq_len: int) -> bool:
+        return len(self.output) >= self.max_new_tokens or self.pos >= max_seq_len
+
+
+class Engine:
+    def __init__(self, model: Model, max_batch: int, group: Optional[dist.ProcessGroup] = None,
+                 idle: Optional[callable] = None) -> None:
+        """group: the EP group the steps are kept in lockstep over (None: this engine runs alone); idle(layer): what a
+        rank with no requests runs per MoE layer in a step the others take."""
+        self.model, self.max_batch, self.group, self.idle = model, max_batch, group, idle
+        self.waiting: List[Request] = []
+        self.running: List[Request] = []
+        self.finished: List[Request] = []
+        self.free_slots = list(range(max_batch))
+        self.steps = 0
+        self.step_times: List[float] = []  # seconds per step in which this rank ran a batch
+
+    def add(self, request: Request) -> None:
+        if not request.prompt or len(request.prompt) + request.max_new_tokens > self.model.cfg.max_seq_len:
+            raise ValueError(f'request {request.rid}: prompt of {len(request.prompt)} tokens plus '
+                             f'{request.max_new_tokens} new must be within 1..{self.model.cfg.max_seq_len}')
+        self.waiting.append(request)
+
+    def _schedule(self) -> None:
+        for r in [r for r in self.running if r.done(self.model.cfg.max_seq_len)]:
+            self.running.remove(r)
+            self.free_slots.append(r.slot)
+            self.finished.append(r)
+        while self.waiting and self.free_slots:
+            r = self.waiting.pop(0)
+            r.slot = self.free_slots.pop(0)
+            self.running.append(r)
+
+    def _agree(self) -> bool:
+        """True while some rank has work (this one included)."""
+        left = len(self.running) + len(self.waiting)
+        if self.group is None:
+            return left > 0
+        t = torch.tensor([left], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item()) > 0
+
+    def step(self) -> bool:
+        """One decode step of every running request; False once no rank has work left."""
+        self._schedule()
+        if not self._agree():
+            return False
+        self.steps += 1
+        if not self.running:
+            for layer in range(self.model.cfg.num_layers):
+                self.idle(layer)
+            return True
+        dev = self.model.device
+        t0 = time.perf_counter()
+        tokens = torch.tensor([r.next_token() for r in self.running], dtype=torch.int64, device=dev)
+        pos = torch.tensor([r.pos for r in self.running], dtype=torch.int64, device=dev)
+        slots = torch.tensor([r.slot for r in self.running], dtype=torch.int64, device=dev)
+        logits = self.model.forward(tokens, pos, slots)
+        nxt = logits.argmax(-1).tolist()  # the host needs the tokens: this synchronises, as any sampler does
+        for r, t in zip(self.running, nxt):
+            r.pos += 1
+            if r.pos >= len(r.prompt):
+                r.output.append(int(t))
+        self.step_times.append(time.perf_counter() - t0)
+        return True
+
+    def run(self) -> List[Request]:
+        while self.step():
+            pass
+        return sorted(self.finished, key=lambda r: r.rid)
+
+
+def make_requests(rank: int, count: int, vocab: int, max_new_tokens: int, seed: int = 0) -> List[Request]:
+    """This rank's requests: prompts of 1..8 tokens, drawn from (seed, rank)."""
+    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    out = []
+    for i in range(count):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        out.append(Request(rid=rank * 100000 + i, prompt=torch.randint(0, vocab, (n,), generator=g).tolist(),
+                           max_new_tokens=max_new_tokens))
+    return out

@@ -1,0 +1,40 @@
+"""Expert weights as grouped-GEMM operands and the expert MLP every path (routed, shared, reference) computes with."""
+from typing import Dict, Tuple
+
+import torch
+
+
+# The expert MLP's arithmetic when the run is checked against the dense reference (set_exact), and always on the CPU:
+# fp64, whose sums of fp32-exact products round to the same bf16 however the rows are batched (the EP engine batches
+# [E_loc, R*T] rows, the reference one token at a time), so the two agree bit for bit.
+_EXACT = False
+
+
+def set_exact(exact: bool) -> None:
+    global _EXACT
+    _EXACT = exact
+
+
+def exact(device: torch.device) -> bool:
+    return _EXACT or device.type == 'cpu'
+
+
+def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """SiLU-gated MLP of bf16 rows x [..., H] with gate_up [..., H, 2I] and down [..., I, H] (batched over leading
+    dims), returning bf16: in fp64 when exact (see set_exact), else bf16 GEMMs with fp32 accumulation, as engines run
+    them."""
+    if exact(x.device):
+        h = torch.matmul(x.double(), gate_up.double())
+        g, u = h.chunk(2, dim=-1)
+        return torch.matmul(torch.nn.functional.silu(g) * u, down.double()).to(torch.bfloat16)
+    g, u = torch.matmul(x, gate_up).chunk(2, dim=-1)
+    return torch.matmul((torch.nn.functional.silu(g.float()) * u.float()).to(torch.bfloat16), down)
+
+
+def stack_experts(weights: Dict[str, torch.Tensor], layer: int, experts: range) -> Tuple[torch.Tensor, torch.Tensor]:
+    """[len(experts), H, 2I] gate|up and [len(experts), I, H] down of a layer's experts (the grouped GEMM's operands)."""
+    p = f'model.layers.{layer}.mlp.experts.'
+    gu = torch.stack([torch.cat([weights[f'{p}{e}.gate_proj.weight'], weights[f'{p}{e}.up_proj.weight']]).t()
+                      for e in experts])
+    dn = torch.stack([weights[f'{p}{e}.down_proj.weight'].t() for e in experts])
+    return gu.contiguous(), dn.contiguous()

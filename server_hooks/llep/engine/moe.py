@@ -1,0 +1,123 @@
+"""The MoE layer implementations a Model calls: `EpMoE`, expert-parallel over a low-latency Buffer (llep's or DeepEP's:
+the same calls), and `DenseMoE`, the single-process reference that computes every selected expert of every token.
+
+EpMoE per layer: dispatch (FP8 per-128 or BF16) -> the shared expert while the tokens travel (receive hooks) -> the
+grouped expert MLP over [E_loc, R*T, H] -> combine into a preallocated `out`. The expert MLP runs on every row of the
+[E_loc, R*T] receive area and never reads recv_count on the host (rows past an expert's count are garbage that combine
+never reads), so a step is free of host synchronisation and can be captured in a CUDA graph."""
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .config import ModelConfig
+from .experts import expert_mlp, stack_experts
+
+# e4m3fn code -> value (the 256 codes; NaN codes map to NaN): decodes FP8 receive rows on a torch without float8.
+_E4M3 = None
+
+
+def _e4m3_table(device: torch.device) -> torch.Tensor:
+    global _E4M3
+    if _E4M3 is None:
+        vals = []
+        for b in range(256):
+            s, e, m = b >> 7, (b >> 3) & 0xF, b & 7
+            v = float('nan') if (e == 15 and m == 7) else (m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+            vals.append(-v if s else v)
+        _E4M3 = torch.tensor(vals, dtype=torch.float32)
+    return _E4M3.to(device)
+
+
+def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[..., H] e4m3 rows (float8 or uint8 codes) times their per-128-channel fp32 scales [..., H/128] -> bf16."""
+    if q.dtype == torch.uint8:
+        f = _e4m3_table(q.device)[q.long()]
+    else:
+        f = q.float()
+    return (f.unflatten(-1, (-1, 128)) * scales.float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+
+
+def fp8_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """bf16 rows [B, H] as FP8 dispatch delivers them: encoded per 128 channels exactly as llep's codec and DeepEP do
+    (kernels/codec/fp8.h: amax = max(1e-4, max |x|), scale = 448 / amax, scale_inv = amax * (1 / 448), code = e4m3 of
+    x * scale rounded to nearest even, saturated at 448) and decoded by dequantize_fp8. The reference applies it so an
+    FP8 engine run can be compared token for token."""
+    table = _e4m3_table(x.device)[:127]  # codes 0..126: the non-negative finite values, increasing
+    xf = x.float().unflatten(-1, (-1, 128))
+    amax = xf.abs().amax(-1, keepdim=True).clamp(min=1e-4)
+    scale = torch.tensor(448.0, device=x.device) / amax
+    scale_inv = amax * torch.tensor(1.0 / 448.0, dtype=torch.float32, device=x.device)
+    v = (xf * scale).abs().clamp(max=448.0)
+    hi = torch.searchsorted(table, v.contiguous()).clamp(max=126)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = v - table[lo], table[hi] - v
+    code = torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)
+    q = table[code] * torch.where(xf < 0, -1.0, 1.0)
+    return (q * scale_inv).flatten(-2).to(torch.bfloat16)
+
+
+def add_shared(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    return (routed.float() + shared.float()).to(torch.bfloat16)
+
+
+class DenseMoE:
+    """Reference: out[t] = bf16(sum_k w[t,k] * expert_{idx[t,k]}(x[t])) in fp32, top-k order (as llep's combine adds),
+    plus the shared expert."""
+
+    def __init__(self, cfg: ModelConfig, weights: Dict[str, torch.Tensor], device: torch.device,
+                 use_fp8: bool = False) -> None:
+        self.use_fp8 = use_fp8  # the rows the experts see went through FP8 (fp8_round_trip), as dispatch sends them
+        self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, range(cfg.num_experts)))
+                        for layer in range(cfg.num_layers)]
+
+    def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                 shared: Callable[[], torch.Tensor]) -> torch.Tensor:
+        gu, dn = self.experts[layer]
+        rows = fp8_round_trip(x) if self.use_fp8 else x
+        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for k in range(idx.shape[1]):
+            e = idx[:, k]
+            y = expert_mlp(rows.unsqueeze(1), gu[e.clamp(min=0)], dn[e.clamp(min=0)]).squeeze(1)
+            # fma(w, y, acc) per element: the product of two fp32 values is exact in fp64, so one rounding to fp32
+            # after the add matches a fused multiply-add except where the fp64 sum itself rounds (vanishingly rare).
+            step = (acc.double() + w[:, k:k + 1].double() * y.double()).float()
+            acc = torch.where((e >= 0)[:, None], step, acc)
+        return add_shared(acc.to(torch.bfloat16), shared())
+
+
+class EpMoE:
+    """Expert parallel over `buffer` (llep.Buffer or deep_ep.Buffer), one Buffer for every layer. This rank holds
+    experts [rank * E_loc, (rank + 1) * E_loc). `hooks`: dispatch and combine with return_recv_hook and the shared
+    expert between the send and the receive; otherwise the shared expert runs after the dispatch returns."""
+
+    def __init__(self, cfg: ModelConfig, weights: Dict[str, torch.Tensor], buffer, rank: int, num_ranks: int,
+                 max_tokens: int, device: torch.device, use_fp8: bool = False, hooks: bool = True) -> None:
+        self.cfg, self.buffer, self.T, self.use_fp8, self.hooks = cfg, buffer, max_tokens, use_fp8, hooks
+        E_loc = cfg.num_experts // num_ranks
+        mine = range(rank * E_loc, (rank + 1) * E_loc)
+        self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, mine)) for layer in range(cfg.num_layers)]
+        self.out = torch.empty((max_tokens, cfg.hidden), dtype=torch.bfloat16, device=device)
+        self.dummy_x = torch.zeros((1, cfg.hidden), dtype=torch.bfloat16, device=device)
+        self.dummy_idx = torch.full((1, cfg.top_k), -1, dtype=torch.int64, device=device)
+        self.dummy_w = torch.zeros((1, cfg.top_k), dtype=torch.float32, device=device)
+
+    def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                 shared: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
+        buf, cfg, B = self.buffer, self.cfg, x.shape[0]
+        recv, _count, handle, _event, hook = buf.low_latency_dispatch(
+            x, idx, self.T, cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks)
+        s = shared() if shared is not None else None  # overlaps the dispatch when hooks are on
+        if self.hooks:
+            hook()
+        rows = dequantize_fp8(*recv) if self.use_fp8 else recv
+        gu, dn = self.experts[layer]
+        y = expert_mlp(rows, gu, dn)
+        out, _event, chook = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=self.hooks,
+                                                     out=self.out[:B])
+        if self.hooks:
+            chook()
+        return out if s is None else add_shared(out, s)
+
+    def idle(self, layer: int) -> None:
+        """A rank without requests still takes part in every layer's dispatch and combine: one token, no experts."""
+        self(layer, self.dummy_x, self.dummy_idx, self.dummy_w, None)
