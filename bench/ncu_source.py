@@ -52,9 +52,9 @@ def main():
         i = int(re.search(r'launch(\d+)', path).group(1)) - 1
         name, hdr, data = launch_rows(path)
         ix = {h: j for j, h in enumerate(hdr)}
-        # The listing of this kernel's function, if any: the one whose demangled short name appears in the name.
-        short = re.search(r'::(\w+)\(', name) or re.search(r'::(\w+)<', name)
-        fmap = next((m for f, m in funcs.items() if short and short.group(1) in f and 'bin_finished' not in f), {})
+        # The listing of this kernel's function, if any: the mangled name holding its namespaces and its own name.
+        parts = re.sub(r'<.*', '', name.split('(')[0]).replace('void ', '').split('::')
+        fmap = next((m for f, m in funcs.items() if parts and all(x in f for x in parts)), {})
         base = int(data[0][0], 16)
         ran = few = 0
         samples = no_inst = 0.0
@@ -69,7 +69,7 @@ def main():
                 by_line[fmap.get(int(r[0], 16) - base, ('?', 0))] += 1
         print(f'{PHASES[i % 4]:14s} {name[:48]:48s} static {len(data):6d}  ran {ran:5d} ({ran * 16 / 1024:5.1f} KB)'
               f'  in <=16 warps {few:5d}  samples {samples:5.0f}  no_inst {no_inst:5.0f}')
-        if fmap:
+        if fmap and args.lines:
             print('    ' + ', '.join(f'{f}:{ln} {n}' for (f, ln), n in by_line.most_common(args.lines)))
 
 
