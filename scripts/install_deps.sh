@@ -13,6 +13,7 @@ PACKAGES=(
   libibverbs-dev                                  # native RC backend
   python3-dev pybind11-dev                        # the llep Python package's native module
   python3-torch python3-pytest                    # Python API tests (Debian's CPU-only torch 1.13)
+  python3-pip python3-setuptools python3-wheel    # pip install --no-build-isolation . (pyproject.toml)
   prometheus-cpp-dev                              # metrics exporter (prometheus-cpp 1.0.1 + civetweb)
   prometheus                                      # metrics CI test: a real Prometheus scrapes the exporters
 )

@@ -46,12 +46,25 @@ def _invalid(msg: str) -> Exception:
     return _llep.LlepInvalidArgumentError(msg)
 
 
+# The engine switch that makes an engine stop passing a fork keyword (shared/spec/engines.md §2.3, §3.5).
+_SBO = "turn off SGLang's --enable-single-batch-overlap"
+_FORK_SWITCH = {'overlap': _SBO, 'packed_recv_count': _SBO, 'comp_signal': _SBO, 'block_m': _SBO, 'threshold': _SBO,
+                'num_sms': _SBO, 'src_signals': _SBO, 'src_signal_expect_value': _SBO,
+                'use_nvfp4': "dispatch FP8 or BF16 (SGLang: --deepep-dispatcher-output-dtype fp8|bf16; vLLM: an FP8 "
+                             "block-128 or unquantised MoE)",
+                'x_global_scale': 'dispatch FP8 or BF16 (NVFP4 dispatch is not implemented)',
+                'use_ue8m0_for_sf': 'dispatch FP8 or BF16 (NVFP4 dispatch is not implemented)',
+                'topk_weights': 'apply the router weights in combine, not in dispatch',
+                'use_eager': 'leave the fork-only use_eager unset'}
+
+
 def _check_fork_kwargs(method: str, kwargs: Dict[str, Any], known: Tuple[str, ...]) -> None:
     for name, value in kwargs.items():
         if name not in known:
             raise TypeError(f'{method}() got an unexpected keyword argument {name!r}')
         if value is not None and value is not False:
-            raise NotImplementedError(f'{method}({name}=...) is a DeepEP-fork feature llep does not implement yet')
+            raise NotImplementedError(f'{method}({name}=...) is a DeepEP-fork feature llep does not implement: '
+                                      f'{_FORK_SWITCH[name]}')
 
 
 # Torch-function handling off: a mode (torch.set_default_device installs one) or a subclass would otherwise route every
