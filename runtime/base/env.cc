@@ -90,6 +90,7 @@ absl::StatusOr<Options> ReadOptions() {
   ReadString("LLEP_IB_DEVICE", &o.ib_device);
   LLEP_RETURN_IF_ERROR(ReadInt("LLEP_IB_GID_INDEX", 0, &o.ib_gid_index));
   LLEP_RETURN_IF_ERROR(ReadInt("LLEP_LOG_LEVEL", 0, &o.log_level));
+  LLEP_RETURN_IF_ERROR(ReadBool("LLEP_AS_DEEP_EP", &o.as_deep_ep));
   return o;
 }
 

@@ -48,6 +48,7 @@ PYBIND11_MODULE(_llep, m) {
         d["metrics_addr"] = o->metrics_addr;
         d["metrics_labels"] = o->metrics_labels;
         d["metrics_interval_s"] = o->metrics_interval_s;
+        d["as_deep_ep"] = o->as_deep_ep;
         return d;
       },
       "The LLEP_* options the Python layer uses, read now (runtime/base/env.h: one read site, one default each; "

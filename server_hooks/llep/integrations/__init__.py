@@ -18,7 +18,8 @@ def shim_dir() -> str:
 
 def install_as_deep_ep() -> bool:
     """`import deep_ep` resolves to llep in this process, unless LLEP_AS_DEEP_EP=0. True when installed."""
-    if os.environ.get('LLEP_AS_DEEP_EP', '1') == '0':
+    from llep import _llep
+    if not _llep.read_options()['as_deep_ep']:
         return False
     from llep.deep_ep import install_as_deep_ep as install
     install()
