@@ -2,7 +2,10 @@
 request's greedy tokens must equal those of the single-process dense reference of the same weights (issue #16).
 
 - BF16 dispatch, receive hooks on, 2 ranks; FP8 dispatch, hooks off, 4 ranks (the reference rounds the experts' input
-  rows through FP8 exactly as the codec does, so tokens must be identical there too).
+  rows through FP8 exactly as the codec does, so tokens must be identical there too); batches padded to the graph
+  sizes 1, 2, 4 (what --graphs replays on GPUs; padding rows must reach no expert).
+- With every check, the tokens all ranks' experts received per layer (llep's per-layer counters) must equal top-k
+  times the tokens fed: idle ranks' dummy tokens and padding rows add nothing.
 - The same weights written to a .safetensors file and loaded give the same tokens; a file missing a tensor is a
   ValueError naming it.
 - The check itself can fail: the reference of other weights (another seed) must differ from a run's tokens.
@@ -31,14 +34,16 @@ def _results(workdir, ranks):
     return [json.load(open(os.path.join(workdir, f'rank{r}.json'))) for r in range(ranks)]
 
 
-@pytest.mark.parametrize('extra,ranks', [(('--ranks', '2'), 2), (('--ranks', '4', '--fp8', '--no-hooks'), 4)],
-                         ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks'])
+@pytest.mark.parametrize('extra,ranks', [(('--ranks', '2'), 2), (('--ranks', '4', '--fp8', '--no-hooks'), 4),
+                                         (('--ranks', '2', '--pad'), 2)],
+                         ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks'])
 def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     p, workdir = _run(*extra, '--check')
     assert p.returncode == 0 and 'check: PASS' in p.stdout, p.stdout + p.stderr[-3000:]
     results = _results(workdir, ranks)
     assert all(len(r['tokens']) == 8 and all(len(t) == 32 for t in r['tokens'].values()) for r in results)
     assert all(r['steps'] >= 32 for r in results)
+    assert all(len(r['received_per_layer']) == 2 for r in results)  # the load check above ran (tiny: 2 layers)
 
 
 def test_engine_loads_safetensors_and_the_check_can_fail():

@@ -34,6 +34,8 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument('--max-batch', type=int, default=4, help='running requests per rank (the Buffer\'s T)')
     ap.add_argument('--fp8', action='store_true', help='FP8 dispatch (default BF16)')
     ap.add_argument('--no-hooks', action='store_true', help='dispatch/combine without receive hooks')
+    ap.add_argument('--graphs', action='store_true', help='one CUDA graph per batch size 1, 2, 4, ... max-batch')
+    ap.add_argument('--pad', action='store_true', help='pad batches to those sizes without graphs (CPU ranks)')
     ap.add_argument('--check', action='store_true', help='compare with the dense single-process reference')
     ap.add_argument('--workdir', default='')
     ap.add_argument('--rank', type=int, default=-1, help=argparse.SUPPRESS)  # set for the rank processes
@@ -62,6 +64,11 @@ def _buffer(a, cfg, group):
                           explicitly_destroy=True)
 
 
+def _llep_options() -> dict:
+    from llep import _llep
+    return _llep.read_options()
+
+
 def _rank_main(a) -> None:
     import torch.distributed as dist
     from .config import ModelConfig
@@ -82,7 +89,7 @@ def _rank_main(a) -> None:
     buf = _buffer(a, cfg, group)
     moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
     model = Model(cfg, weights, moe, dev, a.max_batch)
-    engine = Engine(model, a.max_batch, group, idle=moe.idle)
+    engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs)
     for r in make_requests(a.rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
         engine.add(r)
     t0 = time.perf_counter()
@@ -90,7 +97,12 @@ def _rank_main(a) -> None:
     wall = time.perf_counter() - t0
     result = {'rank': a.rank, 'steps': engine.steps, 'wall_s': wall,
               'step_ms': sorted(1000 * s for s in engine.step_times),
-              'tokens': {str(r.rid): r.output for r in done}}
+              'tokens': {str(r.rid): r.output for r in done},
+              # tokens this rank fed through the model (each request: its prompt, then all but its last output)
+              'fed': sum(len(r.prompt) + len(r.output) - 1 for r in done)}
+    if moe.per_layer and _llep_options()['metrics']:
+        counts = buf.metrics_snapshot()['layer_expert_recv_tokens']
+        result['received_per_layer'] = counts[:cfg.num_layers].sum(1).tolist()
     with open(os.path.join(a.workdir, f'rank{a.rank}.json'), 'w') as f:
         json.dump(result, f)
     dist.barrier()
@@ -124,7 +136,7 @@ def reference_tokens(a, rank: int) -> Dict[str, List[int]]:
     weights = _weights(a, cfg)
     dev = torch.device('cuda', 0) if a.device == 'cuda' else torch.device('cpu')
     model = Model(cfg, weights, DenseMoE(cfg, weights, dev, use_fp8=a.fp8), dev, a.max_batch)
-    engine = Engine(model, a.max_batch)
+    engine = Engine(model, a.max_batch, pad=a.pad or a.graphs)  # the same shapes as the checked run
     for r in make_requests(rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
         engine.add(r)
     return {str(r.rid): r.output for r in engine.run()}
@@ -156,13 +168,23 @@ def launch(a, argv: List[str]) -> int:
               f"{res['wall_s']:.2f} s ({toks / res['wall_s']:.1f} tokens/s), median step {med:.2f} ms")
     if not a.check:
         return 0
+    if all('received_per_layer' in r for r in results):
+        # Every fed token's top-k selections reached an expert, and nothing else did (idle ranks' dummy tokens and
+        # padding rows go nowhere): per layer, the tokens the experts of all ranks received = K x tokens fed.
+        from .config import ModelConfig
+        cfg = ModelConfig.named(a.model, a.layers)
+        want = cfg.top_k * sum(r['fed'] for r in results)
+        got = [sum(r['received_per_layer'][layer] for r in results) for layer in range(cfg.num_layers)]
+        if got != [want] * cfg.num_layers:
+            print(f'llep.engine check: FAIL: experts received {got} tokens per layer, {want} were routed')
+            return 1
     diff = compare(a, results)
     if diff:
         print(f'llep.engine check: FAIL: {diff}')
         return 1
     print(f'llep.engine check: PASS: {sum(len(r["tokens"]) for r in results)} requests on {a.ranks} ranks, every '
           f'token equal to the dense reference ({"FP8" if a.fp8 else "BF16"} dispatch, '
-          f'hooks {"off" if a.no_hooks else "on"})')
+          f'hooks {"off" if a.no_hooks else "on"}, {"graphs" if a.graphs else "padded" if a.pad else "eager"})')
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Each step: finished requests leave, waiting ones take free KV slots (up to max_batch), and every running request feeds
 one token: the next prompt token while it is prefilling (prefill runs token by token, eagerly), else its last output.
-Greedy sampling. The ranks agree on every step through a CPU all-reduce of (batch size, requests left) over the
+Greedy sampling; optionally padded to fixed batch sizes and replayed as CUDA graphs. The ranks agree on every step through a CPU all-reduce of (batch size, requests left) over the
 group: all ranks step until no rank has work, and a rank without requests runs its MoE layers' dispatch and combine on
 a dummy token with no experts (EpMoE.idle), as SGLang's DP-attention idle batches do."""
 import dataclasses
@@ -11,6 +11,8 @@ from typing import List, Optional
 
 import torch
 import torch.distributed as dist
+
+from llep.graph_capture import graph_sizes, pick_size
 
 from .model import Model
 
@@ -31,18 +33,78 @@ class Request:
         return len(self.output) >= self.max_new_tokens or self.pos >= max_seq_len
 
 
+class _Static:
+    """One batch size's static step inputs (padding: token 0 at position 0 of the scratch KV slot, not valid), its
+    graph and its logits."""
+
+    def __init__(self, size: int, scratch_slot: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(size, dtype=torch.int64, device=device)
+        self.pos = torch.zeros(size, dtype=torch.int64, device=device)
+        self.slots = torch.full((size,), scratch_slot, dtype=torch.int64, device=device)
+        self.valid = torch.zeros(size, dtype=torch.bool, device=device)
+        self.graph = None
+        self.logits: Optional[torch.Tensor] = None
+
+
 class Engine:
     def __init__(self, model: Model, max_batch: int, group: Optional[dist.ProcessGroup] = None,
-                 idle: Optional[callable] = None) -> None:
+                 idle: Optional[callable] = None, pad: bool = False, graphs: bool = False) -> None:
         """group: the EP group the steps are kept in lockstep over (None: this engine runs alone); idle(layer): what a
-        rank with no requests runs per MoE layer in a step the others take."""
+        rank with no requests runs per MoE layer in a step the others take. pad: run every batch at the next size of
+        1, 2, 4, ... max_batch (padding rows use the model's scratch KV slot max_batch and go to no expert); graphs:
+        also capture one CUDA graph per size (largest first, one memory pool; collective) and replay it. The dense
+        reference pads the same way as a graph-replaying engine, so both run identical shapes."""
         self.model, self.max_batch, self.group, self.idle = model, max_batch, group, idle
+        self.sizes = graph_sizes(max_batch) if (pad or graphs) else None
+        self.static = {s: _Static(s, max_batch, model.device) for s in self.sizes or []}
+        if graphs:
+            self._capture()
         self.waiting: List[Request] = []
         self.running: List[Request] = []
         self.finished: List[Request] = []
         self.free_slots = list(range(max_batch))
         self.steps = 0
         self.step_times: List[float] = []  # seconds per step in which this rank ran a batch
+
+    def _barrier(self) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+    def _capture(self) -> None:
+        """Per size, largest first: two warm-up steps, each after a synchronisation and a barrier (every EP rank runs
+        the same collectives, as SGLang's CudaGraphRunner does), then the capture into the shared pool."""
+        pool = torch.cuda.graph_pool_handle()
+        for size in self.sizes:
+            s = self.static[size]
+            for _ in range(2):
+                torch.cuda.synchronize()
+                self._barrier()
+                self.model.forward(s.tokens, s.pos, s.slots, s.valid)
+            torch.cuda.synchronize()
+            self._barrier()
+            s.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(s.graph, pool=pool):
+                s.logits = self.model.forward(s.tokens, s.pos, s.slots, s.valid)
+        torch.cuda.synchronize()
+
+    def _forward(self, tokens: List[int], pos: List[int], slots: List[int]) -> torch.Tensor:
+        dev, n = self.model.device, len(tokens)
+        if self.sizes is None:
+            return self.model.forward(torch.tensor(tokens, dtype=torch.int64, device=dev),
+                                      torch.tensor(pos, dtype=torch.int64, device=dev),
+                                      torch.tensor(slots, dtype=torch.int64, device=dev))
+        s = self.static[pick_size(self.sizes, n)]
+        for dst, vals in ((s.tokens, tokens), (s.pos, pos), (s.slots, slots)):
+            dst[:n].copy_(torch.tensor(vals, dtype=torch.int64), non_blocking=True)
+        s.tokens[n:].zero_()
+        s.pos[n:].zero_()
+        s.slots[n:].fill_(self.max_batch)
+        s.valid[:n].fill_(True)
+        s.valid[n:].fill_(False)
+        if s.graph is not None:
+            s.graph.replay()
+            return s.logits[:n]
+        return self.model.forward(s.tokens, s.pos, s.slots, s.valid)[:n]
 
     def add(self, request: Request) -> None:
         if not request.prompt or len(request.prompt) + request.max_new_tokens > self.model.cfg.max_seq_len:
@@ -79,12 +141,9 @@ class Engine:
             for layer in range(self.model.cfg.num_layers):
                 self.idle(layer)
             return True
-        dev = self.model.device
         t0 = time.perf_counter()
-        tokens = torch.tensor([r.next_token() for r in self.running], dtype=torch.int64, device=dev)
-        pos = torch.tensor([r.pos for r in self.running], dtype=torch.int64, device=dev)
-        slots = torch.tensor([r.slot for r in self.running], dtype=torch.int64, device=dev)
-        logits = self.model.forward(tokens, pos, slots)
+        logits = self._forward([r.next_token() for r in self.running], [r.pos for r in self.running],
+                               [r.slot for r in self.running])
         nxt = logits.argmax(-1).tolist()  # the host needs the tokens: this synchronises, as any sampler does
         for r, t in zip(self.running, nxt):
             r.pos += 1

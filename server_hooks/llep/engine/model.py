@@ -9,7 +9,7 @@ Numerics every path shares (so the EP engine and the dense reference agree token
 activations are bf16 between blocks (the dtype DeepEP's dispatch takes), norms, the router and the attention softmax
 run in fp32, an expert computes in fp32 from bf16 rows and returns bf16 rows, and the routed sum is fp32 in top-k
 order, rounded to bf16 (llep's combine)."""
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -61,7 +61,8 @@ class Model:
         self.shared = [stack_experts({k.replace('shared_experts', 'experts.0'): v for k, v in self.w.items()
                                       if f'layers.{layer}.mlp.shared_experts' in k}, layer, range(1))
                        for layer in range(cfg.num_layers)]
-        shape = (cfg.num_layers, max_slots, cfg.max_seq_len, cfg.num_kv_heads, cfg.head_dim)
+        # One more slot than requests: padding rows of a fixed-size batch write their keys there (Engine pad/graphs).
+        shape = (cfg.num_layers, max_slots + 1, cfg.max_seq_len, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = torch.zeros(shape, dtype=torch.bfloat16, device=device)
         self.v_cache = torch.zeros(shape, dtype=torch.bfloat16, device=device)
 
@@ -83,9 +84,11 @@ class Model:
         out = torch.einsum('bhs,bshd->bhd', scores.softmax(-1), vals).reshape(B, nh * hd).to(torch.bfloat16)
         return out @ self.w[p + 'o_proj.weight'].t()
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (fp32 [B, V]) of one decode step: token tokens[i] at position pos[i] of the request in KV slot
-        slots[i]."""
+        slots[i]. valid (bool [B], optional): rows that are padding (False) are routed to no expert (topk_idx -1, as
+        engines pad graph batches), so they add nothing to any expert's load."""
         cfg = self.cfg
         h = self.w['model.embed_tokens.weight'][tokens]
         for layer in range(cfg.num_layers):
@@ -93,6 +96,8 @@ class Model:
             h = h + self._attention(layer, rms_norm(h, self.w[p + 'input_layernorm.weight'], cfg.rms_eps), pos, slots)
             x = rms_norm(h, self.w[p + 'post_attention_layernorm.weight'], cfg.rms_eps)
             idx, wts = route(cfg, x, self.w[p + 'mlp.gate.weight'], self.w[p + 'mlp.gate.e_score_correction_bias'])
+            if valid is not None:
+                idx = idx.masked_fill(~valid[:, None], -1)
             gu, dn = self.shared[layer]
             h = h + self.moe(layer, x, idx, wts, lambda: expert_mlp(x, gu[0], dn[0]))
         return (rms_norm(h, self.w['model.norm.weight'], cfg.rms_eps) @ self.w['lm_head.weight'].t()).float()

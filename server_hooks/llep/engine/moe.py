@@ -12,20 +12,20 @@ import torch
 from .config import ModelConfig
 from .experts import expert_mlp, stack_experts
 
-# e4m3fn code -> value (the 256 codes; NaN codes map to NaN): decodes FP8 receive rows on a torch without float8.
-_E4M3 = None
+# e4m3fn code -> value (the 256 codes; NaN codes map to NaN), per device: decodes FP8 receive rows on a torch without
+# float8 and drives fp8_round_trip. Cached so no call (and no graph capture) copies it to the device again.
+_E4M3: Dict[torch.device, torch.Tensor] = {}
 
 
 def _e4m3_table(device: torch.device) -> torch.Tensor:
-    global _E4M3
-    if _E4M3 is None:
+    if device not in _E4M3:
         vals = []
         for b in range(256):
             s, e, m = b >> 7, (b >> 3) & 0xF, b & 7
             v = float('nan') if (e == 15 and m == 7) else (m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
             vals.append(-v if s else v)
-        _E4M3 = torch.tensor(vals, dtype=torch.float32)
-    return _E4M3.to(device)
+        _E4M3[device] = torch.tensor(vals, dtype=torch.float32, device=device)
+    return _E4M3[device]
 
 
 def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -100,12 +100,15 @@ class EpMoE:
         self.dummy_x = torch.zeros((1, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_idx = torch.full((1, cfg.top_k), -1, dtype=torch.int64, device=device)
         self.dummy_w = torch.zeros((1, cfg.top_k), dtype=torch.float32, device=device)
+        # llep counts received tokens per MoE layer (its `layer` keyword); DeepEP's Buffer has no such argument.
+        self.per_layer = hasattr(buffer, 'metrics_snapshot')
 
     def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                  shared: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
         buf, cfg, B = self.buffer, self.cfg, x.shape[0]
         recv, _count, handle, _event, hook = buf.low_latency_dispatch(
-            x, idx, self.T, cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks)
+            x, idx, self.T, cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks,
+            **({'layer': layer} if self.per_layer else {}))
         s = shared() if shared is not None else None  # overlaps the dispatch when hooks are on
         if self.hooks:
             hook()
