@@ -106,6 +106,7 @@ def _rank_main(a) -> None:
     with open(os.path.join(a.workdir, f'rank{a.rank}.json'), 'w') as f:
         json.dump(result, f)
     dist.barrier()
+    engine.close()
     buf.destroy()
     dist.destroy_process_group()
 

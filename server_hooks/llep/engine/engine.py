@@ -106,6 +106,11 @@ class Engine:
             return s.logits[:n]
         return self.model.forward(s.tokens, s.pos, s.slots, s.valid)[:n]
 
+    def close(self) -> None:
+        """Drops the graphs (before the Buffer is destroyed, as engines tear graphs down before their groups)."""
+        self.static = {}
+        self.sizes = None
+
     def add(self, request: Request) -> None:
         if not request.prompt or len(request.prompt) + request.max_new_tokens > self.model.cfg.max_seq_len:
             raise ValueError(f'request {request.rid}: prompt of {len(request.prompt)} tokens plus '
