@@ -3,7 +3,9 @@ request's greedy tokens must equal those of the single-process dense reference o
 
 - BF16 dispatch, receive hooks on, 2 ranks; FP8 dispatch, hooks off, 4 ranks (the reference rounds the experts' input
   rows through FP8 exactly as the codec does, so tokens must be identical there too); batches padded to the graph
-  sizes 1, 2, 4 (what --graphs replays on GPUs; padding rows must reach no expert).
+  sizes 1, 2, 4 (what --graphs replays on GPUs; padding rows must reach no expert); two-batch overlap (two
+  micro-batches interleaved per layer, both dispatches in flight on one Buffer; idle ranks make both micro-batches'
+  calls in the same order), padded, 4 ranks.
 - With every check, the tokens all ranks' experts received per layer (llep's per-layer counters) must equal top-k
   times the tokens fed: idle ranks' dummy tokens and padding rows add nothing.
 - The same weights written to a .safetensors file and loaded give the same tokens; a file missing a tensor is a
@@ -35,8 +37,8 @@ def _results(workdir, ranks):
 
 
 @pytest.mark.parametrize('extra,ranks', [(('--ranks', '2'), 2), (('--ranks', '4', '--fp8', '--no-hooks'), 4),
-                                         (('--ranks', '2', '--pad'), 2)],
-                         ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks'])
+                                         (('--ranks', '2', '--pad'), 2), (('--ranks', '4', '--pad', '--tbo'), 4)],
+                         ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks', 'bf16-padded-tbo-4ranks'])
 def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     p, workdir = _run(*extra, '--check')
     assert p.returncode == 0 and 'check: PASS' in p.stdout, p.stdout + p.stderr[-3000:]

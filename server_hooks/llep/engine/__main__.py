@@ -36,6 +36,7 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument('--no-hooks', action='store_true', help='dispatch/combine without receive hooks')
     ap.add_argument('--graphs', action='store_true', help='one CUDA graph per batch size 1, 2, 4, ... max-batch')
     ap.add_argument('--pad', action='store_true', help='pad batches to those sizes without graphs (CPU ranks)')
+    ap.add_argument('--tbo', action='store_true', help='two-batch overlap: each step as two interleaved micro-batches')
     ap.add_argument('--check', action='store_true', help='compare with the dense single-process reference')
     ap.add_argument('--workdir', default='')
     ap.add_argument('--rank', type=int, default=-1, help=argparse.SUPPRESS)  # set for the rank processes
@@ -89,7 +90,7 @@ def _rank_main(a) -> None:
     buf = _buffer(a, cfg, group)
     moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
     model = Model(cfg, weights, moe, dev, a.max_batch)
-    engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs)
+    engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs, two_batches=a.tbo)
     for r in make_requests(a.rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
         engine.add(r)
     t0 = time.perf_counter()
@@ -137,7 +138,7 @@ def reference_tokens(a, rank: int) -> Dict[str, List[int]]:
     weights = _weights(a, cfg)
     dev = torch.device('cuda', 0) if a.device == 'cuda' else torch.device('cpu')
     model = Model(cfg, weights, DenseMoE(cfg, weights, dev, use_fp8=a.fp8), dev, a.max_batch)
-    engine = Engine(model, a.max_batch, pad=a.pad or a.graphs)  # the same shapes as the checked run
+    engine = Engine(model, a.max_batch, pad=a.pad or a.graphs, two_batches=a.tbo)  # the checked run's shapes
     for r in make_requests(rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
         engine.add(r)
     return {str(r.rid): r.output for r in engine.run()}
@@ -185,7 +186,8 @@ def launch(a, argv: List[str]) -> int:
         return 1
     print(f'llep.engine check: PASS: {sum(len(r["tokens"]) for r in results)} requests on {a.ranks} ranks, every '
           f'token equal to the dense reference ({"FP8" if a.fp8 else "BF16"} dispatch, '
-          f'hooks {"off" if a.no_hooks else "on"}, {"graphs" if a.graphs else "padded" if a.pad else "eager"})')
+          f'hooks {"off" if a.no_hooks else "on"}, {"graphs" if a.graphs else "padded" if a.pad else "eager"}'
+          f'{", two-batch overlap" if a.tbo else ""})')
     return 0
 
 

@@ -48,13 +48,18 @@ class _Static:
 
 class Engine:
     def __init__(self, model: Model, max_batch: int, group: Optional[dist.ProcessGroup] = None,
-                 idle: Optional[callable] = None, pad: bool = False, graphs: bool = False) -> None:
+                 idle: Optional[callable] = None, pad: bool = False, graphs: bool = False,
+                 two_batches: bool = False) -> None:
         """group: the EP group the steps are kept in lockstep over (None: this engine runs alone); idle(layer): what a
         rank with no requests runs per MoE layer in a step the others take. pad: run every batch at the next size of
         1, 2, 4, ... max_batch (padding rows use the model's scratch KV slot max_batch and go to no expert); graphs:
         also capture one CUDA graph per size (largest first, one memory pool; collective) and replay it. The dense
-        reference pads the same way as a graph-replaying engine, so both run identical shapes."""
+        reference pads the same way as a graph-replaying engine, so both run identical shapes. two_batches: each step
+        as two overlapped micro-batches (Model.forward_two_batches); idle(layer, micro_batches) then makes both
+        micro-batches' calls."""
         self.model, self.max_batch, self.group, self.idle = model, max_batch, group, idle
+        self.micro_batches = 2 if two_batches else 1
+        self._fwd = model.forward_two_batches if two_batches else model.forward
         self.sizes = graph_sizes(max_batch) if (pad or graphs) else None
         self.static = {s: _Static(s, max_batch, model.device) for s in self.sizes or []}
         if graphs:
@@ -79,18 +84,18 @@ class Engine:
             for _ in range(2):
                 torch.cuda.synchronize()
                 self._barrier()
-                self.model.forward(s.tokens, s.pos, s.slots, s.valid)
+                self._fwd(s.tokens, s.pos, s.slots, s.valid)
             torch.cuda.synchronize()
             self._barrier()
             s.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(s.graph, pool=pool):
-                s.logits = self.model.forward(s.tokens, s.pos, s.slots, s.valid)
+                s.logits = self._fwd(s.tokens, s.pos, s.slots, s.valid)
         torch.cuda.synchronize()
 
     def _forward(self, tokens: List[int], pos: List[int], slots: List[int]) -> torch.Tensor:
         dev, n = self.model.device, len(tokens)
         if self.sizes is None:
-            return self.model.forward(torch.tensor(tokens, dtype=torch.int64, device=dev),
+            return self._fwd(torch.tensor(tokens, dtype=torch.int64, device=dev),
                                       torch.tensor(pos, dtype=torch.int64, device=dev),
                                       torch.tensor(slots, dtype=torch.int64, device=dev))
         s = self.static[pick_size(self.sizes, n)]
@@ -104,7 +109,7 @@ class Engine:
         if s.graph is not None:
             s.graph.replay()
             return s.logits[:n]
-        return self.model.forward(s.tokens, s.pos, s.slots, s.valid)[:n]
+        return self._fwd(s.tokens, s.pos, s.slots, s.valid)[:n]
 
     def close(self) -> None:
         """Drops the graphs (before the Buffer is destroyed, as engines tear graphs down before their groups)."""
@@ -144,7 +149,7 @@ class Engine:
         self.steps += 1
         if not self.running:
             for layer in range(self.model.cfg.num_layers):
-                self.idle(layer)
+                self.idle(layer, self.micro_batches)
             return True
         t0 = time.perf_counter()
         logits = self._forward([r.next_token() for r in self.running], [r.pos for r in self.running],

@@ -84,6 +84,41 @@ class Model:
         out = torch.einsum('bhs,bshd->bhd', scores.softmax(-1), vals).reshape(B, nh * hd).to(torch.bfloat16)
         return out @ self.w[p + 'o_proj.weight'].t()
 
+    def _pre_moe(self, layer: int, h: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                 valid: Optional[torch.Tensor]):
+        """Attention (residual added), then the MoE input, its routing and its shared expert (deferred)."""
+        cfg, p = self.cfg, f'model.layers.{layer}.'
+        h = h + self._attention(layer, rms_norm(h, self.w[p + 'input_layernorm.weight'], cfg.rms_eps), pos, slots)
+        x = rms_norm(h, self.w[p + 'post_attention_layernorm.weight'], cfg.rms_eps)
+        idx, wts = route(cfg, x, self.w[p + 'mlp.gate.weight'], self.w[p + 'mlp.gate.e_score_correction_bias'])
+        if valid is not None:
+            idx = idx.masked_fill(~valid[:, None], -1)
+        gu, dn = self.shared[layer]
+        return h, x, idx, wts, (lambda: expert_mlp(x, gu[0], dn[0]))
+
+    def forward_two_batches(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                            valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """forward() as two micro-batches (the first ceil(B/2) rows, the rest) interleaved per layer, SGLang's
+        two-batch overlap for decode: A's attention and routing, A's dispatch sent; B's the same (B's attention runs
+        while A's tokens travel); then A's and B's receive, experts and combine send; then both combines received.
+        Two low-latency operations are in flight on the one Buffer; a micro-batch without tokens still makes its
+        calls (EpMoE sends a dummy token)."""
+        cfg, n = self.cfg, tokens.shape[0]
+        cut = n - n // 2
+        parts = [slice(0, cut), slice(cut, n)]
+        hs = [self.w['model.embed_tokens.weight'][tokens[s]] for s in parts]
+        for layer in range(cfg.num_layers):
+            states = []
+            for mb, s in enumerate(parts):
+                hs[mb], x, idx, wts, shared = self._pre_moe(layer, hs[mb], pos[s], slots[s],
+                                                            None if valid is None else valid[s])
+                states.append(self.moe.send(layer, x, idx, wts, shared, mb))
+            for st in states:
+                self.moe.middle(st)
+            hs = [h + self.moe.finish(st) for h, st in zip(hs, states)]
+        h = torch.cat(hs)
+        return (rms_norm(h, self.w['model.norm.weight'], cfg.rms_eps) @ self.w['lm_head.weight'].t()).float()
+
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                 valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (fp32 [B, V]) of one decode step: token tokens[i] at position pos[i] of the request in KV slot
@@ -92,12 +127,6 @@ class Model:
         cfg = self.cfg
         h = self.w['model.embed_tokens.weight'][tokens]
         for layer in range(cfg.num_layers):
-            p = f'model.layers.{layer}.'
-            h = h + self._attention(layer, rms_norm(h, self.w[p + 'input_layernorm.weight'], cfg.rms_eps), pos, slots)
-            x = rms_norm(h, self.w[p + 'post_attention_layernorm.weight'], cfg.rms_eps)
-            idx, wts = route(cfg, x, self.w[p + 'mlp.gate.weight'], self.w[p + 'mlp.gate.e_score_correction_bias'])
-            if valid is not None:
-                idx = idx.masked_fill(~valid[:, None], -1)
-            gu, dn = self.shared[layer]
-            h = h + self.moe(layer, x, idx, wts, lambda: expert_mlp(x, gu[0], dn[0]))
+            h, x, idx, wts, shared = self._pre_moe(layer, h, pos, slots, valid)
+            h = h + self.moe(layer, x, idx, wts, shared)
         return (rms_norm(h, self.w['model.norm.weight'], cfg.rms_eps) @ self.w['lm_head.weight'].t()).float()

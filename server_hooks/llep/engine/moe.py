@@ -70,6 +70,16 @@ class DenseMoE:
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, range(cfg.num_experts)))
                         for layer in range(cfg.num_layers)]
 
+    # The staged form two-batch overlap uses (EpMoE's stages; the reference computes everything in finish()).
+    def send(self, layer, x, idx, w, shared, mb=0):
+        return (layer, x, idx, w, shared)
+
+    def middle(self, state) -> None:
+        pass
+
+    def finish(self, state) -> torch.Tensor:
+        return self(*state)
+
     def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                  shared: Callable[[], torch.Tensor]) -> torch.Tensor:
         gu, dn = self.experts[layer]
@@ -96,31 +106,59 @@ class EpMoE:
         E_loc = cfg.num_experts // num_ranks
         mine = range(rank * E_loc, (rank + 1) * E_loc)
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, mine)) for layer in range(cfg.num_layers)]
-        self.out = torch.empty((max_tokens, cfg.hidden), dtype=torch.bfloat16, device=device)
+        # Combine outputs, one area per micro-batch: two-batch overlap has both combines in flight.
+        self.out = torch.empty((2, max_tokens, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_x = torch.zeros((1, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_idx = torch.full((1, cfg.top_k), -1, dtype=torch.int64, device=device)
         self.dummy_w = torch.zeros((1, cfg.top_k), dtype=torch.float32, device=device)
         # llep counts received tokens per MoE layer (its `layer` keyword); DeepEP's Buffer has no such argument.
         self.per_layer = hasattr(buffer, 'metrics_snapshot')
 
+    def send(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+             shared: Optional[Callable[[], torch.Tensor]], mb: int = 0) -> dict:
+        """Stage 1: the dispatch's send (micro-batch mb's combine output area). A micro-batch without tokens sends a
+        dummy token routed nowhere, so every rank makes the same calls."""
+        n = x.shape[0]
+        if n == 0:
+            x, idx, w = self.dummy_x, self.dummy_idx, self.dummy_w
+        recv, _count, handle, _event, hook = self.buffer.low_latency_dispatch(
+            x, idx, self.T, self.cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks,
+            **({'layer': layer} if self.per_layer else {}))
+        return {'layer': layer, 'n': n, 'rows': x.shape[0], 'idx': idx, 'w': w, 'shared': shared, 'mb': mb,
+                'recv': recv, 'handle': handle, 'hook': hook}
+
+    def middle(self, st: dict) -> None:
+        """Stage 2: the shared expert while the tokens travel, the dispatch's receive, the experts, the combine's
+        send."""
+        st['s'] = st['shared']() if st['shared'] is not None and st['n'] > 0 else None
+        if self.hooks:
+            st['hook']()
+        rows = dequantize_fp8(*st['recv']) if self.use_fp8 else st['recv']
+        gu, dn = self.experts[st['layer']]
+        y = expert_mlp(rows, gu, dn)
+        st['out'], _event, st['chook'] = self.buffer.low_latency_combine(
+            y, st['idx'], st['w'], st['handle'], return_recv_hook=self.hooks, out=self.out[st['mb'], :st['rows']])
+
+    def finish(self, st: dict) -> torch.Tensor:
+        """Stage 3: the combine's receive; the micro-batch's MoE output (routed sum plus shared expert)."""
+        if self.hooks:
+            st['chook']()
+        out = st['out'][:st['n']]
+        return out if st['s'] is None else add_shared(out, st['s'])
+
     def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                  shared: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
-        buf, cfg, B = self.buffer, self.cfg, x.shape[0]
-        recv, _count, handle, _event, hook = buf.low_latency_dispatch(
-            x, idx, self.T, cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks,
-            **({'layer': layer} if self.per_layer else {}))
-        s = shared() if shared is not None else None  # overlaps the dispatch when hooks are on
-        if self.hooks:
-            hook()
-        rows = dequantize_fp8(*recv) if self.use_fp8 else recv
-        gu, dn = self.experts[layer]
-        y = expert_mlp(rows, gu, dn)
-        out, _event, chook = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=self.hooks,
-                                                     out=self.out[:B])
-        if self.hooks:
-            chook()
-        return out if s is None else add_shared(out, s)
+        st = self.send(layer, x, idx, w, shared)
+        self.middle(st)
+        return self.finish(st)
 
-    def idle(self, layer: int) -> None:
-        """A rank without requests still takes part in every layer's dispatch and combine: one token, no experts."""
-        self(layer, self.dummy_x, self.dummy_idx, self.dummy_w, None)
+    def idle(self, layer: int, micro_batches: int = 1) -> None:
+        """A rank without requests still takes part in every layer's dispatches and combines, in the order the others
+        make them (with two-batch overlap: both sends, then both middles, then both finishes): no tokens."""
+        empty = self.dummy_x[:0]
+        states = [self.send(layer, empty, self.dummy_idx[:0], self.dummy_w[:0], None, mb)
+                  for mb in range(micro_batches)]
+        for st in states:
+            self.middle(st)
+        for st in states:
+            self.finish(st)
