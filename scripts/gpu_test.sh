@@ -48,6 +48,7 @@ if [ $tests = 1 ]; then
   timeout 400 python3 tests/python/test_shrink.py --device cuda > "$LOGS/shrink.log" 2>&1 || rc=1
   # The bad-input catalogue: every row a typed error, each followed by an exact round on the same buffer.
   timeout 300 python3 tests/python/test_bad_inputs.py --device cuda > "$LOGS/bad_inputs.log" 2>&1 || rc=1
+  timeout 300 python3 tests/gpu/grouped_gemm_test.py > "$LOGS/grouped_gemm.log" 2>&1 || rc=1
 fi
 if [ $all = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1 || rc=1
@@ -65,6 +66,7 @@ if [ $tests = 1 ]; then
   echo "== Python module and metrics scrape"; cat "$LOGS/module_exports.log"; tail -4 "$LOGS/metrics_scrape.log"
   echo "== rank masking and recovery"; grep -E "PASS|FAIL|rank [0-9]" "$LOGS/shrink.log" | head -20
   echo "== bad-input catalogue"; grep -vE "^/|^\s+File|^Traceback" "$LOGS/bad_inputs.log" | tail -25
+  echo "== engine grouped GEMM"; tail -5 "$LOGS/grouped_gemm.log"
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
 [ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }

@@ -1,7 +1,9 @@
 """Expert weights as grouped-GEMM operands and the expert MLP every path (routed, shared, reference) computes with."""
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
+
+from . import grouped_gemm
 
 
 # The expert MLP's arithmetic when the run is checked against the dense reference (set_exact), and always on the CPU:
@@ -19,10 +21,16 @@ def exact(device: torch.device) -> bool:
     return _EXACT or device.type == 'cpu'
 
 
-def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+               counts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SiLU-gated MLP of bf16 rows x [..., H] with gate_up [..., H, 2I] and down [..., I, H] (batched over leading
     dims), returning bf16: in fp64 when exact (see set_exact), else bf16 GEMMs with fp32 accumulation, as engines run
-    them."""
+    them. counts (int32 device [G], for x [G, M, H]): only each group's first counts[g] rows are computed
+    (grouped_gemm.py, when Triton is there); the other rows of the result are undefined."""
+    if counts is not None and not exact(x.device) and grouped_gemm.available(x):
+        g, u = grouped_gemm.masked_grouped_mm(x, gate_up, counts).chunk(2, dim=-1)
+        act = (torch.nn.functional.silu(g.float()) * u.float()).to(torch.bfloat16)
+        return grouped_gemm.masked_grouped_mm(act, down, counts)
     if exact(x.device):
         h = torch.matmul(x.double(), gate_up.double())
         g, u = h.chunk(2, dim=-1)

@@ -121,11 +121,11 @@ class EpMoE:
         n = x.shape[0]
         if n == 0:
             x, idx, w = self.dummy_x, self.dummy_idx, self.dummy_w
-        recv, _count, handle, _event, hook = self.buffer.low_latency_dispatch(
+        recv, count, handle, _event, hook = self.buffer.low_latency_dispatch(
             x, idx, self.T, self.cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks,
             **({'layer': layer} if self.per_layer else {}))
         return {'layer': layer, 'n': n, 'rows': x.shape[0], 'idx': idx, 'w': w, 'shared': shared, 'mb': mb,
-                'recv': recv, 'handle': handle, 'hook': hook}
+                'recv': recv, 'count': count, 'handle': handle, 'hook': hook}
 
     def middle(self, st: dict) -> None:
         """Stage 2: the shared expert while the tokens travel, the dispatch's receive, the experts, the combine's
@@ -135,7 +135,7 @@ class EpMoE:
             st['hook']()
         rows = dequantize_fp8(*st['recv']) if self.use_fp8 else st['recv']
         gu, dn = self.experts[st['layer']]
-        y = expert_mlp(rows, gu, dn)
+        y = expert_mlp(rows, gu, dn, counts=st['count'])  # only the rows each expert received (grouped_gemm.py)
         st['out'], _event, st['chook'] = self.buffer.low_latency_combine(
             y, st['idx'], st['w'], st['handle'], return_recv_hook=self.hooks, out=self.out[st['mb'], :st['rows']])
 
