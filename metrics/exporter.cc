@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <cmath>
 #include <exception>
 #include <sstream>
 #include <utility>
@@ -23,6 +24,11 @@ namespace {
 
 constexpr const char* kPhaseNames[] = {"send", "recv_wait", "total"};
 static_assert(sizeof(kPhaseNames) / sizeof(kPhaseNames[0]) == protocol::kNumMetricPhases, "one name per phase");
+
+// Decode steps take ~1 ms (graphs, small batch, one GPU per rank) to seconds (eager, many layers).
+prometheus::Histogram::BucketBoundaries StepBoundariesSeconds() {
+  return {0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2};
+}
 
 prometheus::Histogram::BucketBoundaries LatencyBoundariesSeconds() {
   prometheus::Histogram::BucketBoundaries b;
@@ -44,6 +50,8 @@ struct Exporter::Families {
   // model with 61 layers exports 61 x E_loc series, not LLEP_METRICS_LAYERS x E_loc.
   prometheus::Family<prometheus::Counter>* expert_recv_family = nullptr;
   std::vector<std::vector<prometheus::Counter*>> expert_recv;
+  prometheus::Histogram* decode_step = nullptr;
+  prometheus::Counter* decode_tokens = nullptr;
 };
 
 Exporter::Exporter(const protocol::MetricsLayout& layout, SnapshotFn snapshot, const ExporterOptions& options)
@@ -115,6 +123,19 @@ absl::Status Exporter::Init() {
                     .Labels(constant)
                     .Register(*registry_);
   bytes.Add({{"kind", "region"}}).Set(static_cast<double>(options_.buffer_bytes));
+  families_->decode_step =
+      &prometheus::BuildHistogram()
+           .Name(kDecodeStepSeconds)
+           .Help("Decode step latency measured by the engine on the host (one per step with a batch)")
+           .Labels(constant)
+           .Register(*registry_)
+           .Add({}, StepBoundariesSeconds());
+  families_->decode_tokens = &prometheus::BuildCounter()
+                                  .Name(kDecodeTokensTotal)
+                                  .Help("Tokens the engine's decode steps fed through the model")
+                                  .Labels(constant)
+                                  .Register(*registry_)
+                                  .Add({});
   for (int op = 0; op < 2; ++op) {
     families_->ops[op] = &ops.Add({{"op", protocol::LlOpName(static_cast<protocol::LlOp>(op))}});
     families_->timeouts[op] = &timeouts.Add({{"op", protocol::LlOpName(static_cast<protocol::LlOp>(op))}});
@@ -174,6 +195,16 @@ void Exporter::Loop() {
     Collect().IgnoreError();  // kept in last_status()
   }
   Collect().IgnoreError();  // the final values, for a scrape that still comes before the exposer stops
+}
+
+absl::Status Exporter::ObserveDecodeStep(double seconds, int64_t tokens) {
+  if (!(seconds >= 0.0) || !std::isfinite(seconds) || tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a decode step needs a finite time >= 0 and a token count >= 0, got ", seconds, " s and ", tokens));
+  }
+  families_->decode_step->Observe(seconds);  // prometheus-cpp series are thread-safe
+  families_->decode_tokens->Increment(static_cast<double>(tokens));
+  return absl::OkStatus();
 }
 
 absl::Status Exporter::Collect() {

@@ -54,6 +54,9 @@ class Exporter {
   absl::Status Collect();
   /// The registry rendered in the text format, as a scrape would see it.
   std::string Text() const;
+  /// An engine's decode step: `seconds` into llep_decode_step_seconds, `tokens` added to llep_decode_tokens_total.
+  /// Thread-safe; InvalidArgument for a negative or non-finite time or a negative count.
+  absl::Status ObserveDecodeStep(double seconds, int64_t tokens);
   /// The bound HTTP port, or -1 without an exposer.
   int port() const { return port_; }
   /// The last collection's error, if any (the thread keeps going: a transient failure costs one interval).

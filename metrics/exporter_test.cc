@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -209,6 +211,28 @@ TEST(Exporter, ServesOnLoopbackAndTheThreadCollects) {
   const int port = (*e)->port();
   e->reset();
   EXPECT_THAT(HttpGet(port, "/metrics"), Not(HasSubstr("llep_")));
+}
+
+TEST(Exporter, DecodeStepsFromTheEngine) {
+  FakeBackend be;
+  ExporterOptions o;
+  o.port = -1;
+  auto e = Exporter::Create(be.layout, be.Fn(), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->ObserveDecodeStep(0.0007, 8).ok());  // bucket le=0.001
+  ASSERT_TRUE((*e)->ObserveDecodeStep(0.012, 32).ok());  // bucket le=0.015
+  const std::string text = (*e)->Text();
+  EXPECT_THAT(text, HasSubstr(R"(llep_decode_step_seconds_count{rank="0"} 2)"));
+  EXPECT_THAT(text, HasSubstr(R"(llep_decode_step_seconds_bucket{rank="0",le="0.0005"} 0)"));
+  EXPECT_THAT(text, HasSubstr(R"(llep_decode_step_seconds_bucket{rank="0",le="0.001"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(llep_decode_step_seconds_bucket{rank="0",le="0.01"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(llep_decode_step_seconds_bucket{rank="0",le="0.015"} 2)"));
+  EXPECT_THAT(text, HasSubstr(R"(llep_decode_tokens_total{rank="0"} 40)"));
+  for (const auto& [seconds, tokens] : {std::pair{-1.0, int64_t{1}}, std::pair{std::nan(""), int64_t{1}},
+                                        std::pair{1.0 / 0.0, int64_t{1}}, std::pair{0.1, int64_t{-1}}}) {
+    EXPECT_EQ((*e)->ObserveDecodeStep(seconds, tokens).code(), absl::StatusCode::kInvalidArgument) << seconds;
+  }
+  EXPECT_THAT((*e)->Text(), HasSubstr(R"(llep_decode_step_seconds_count{rank="0"} 2)"));  // refused: not counted
 }
 
 }  // namespace

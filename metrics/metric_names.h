@@ -19,5 +19,10 @@ inline constexpr char kDispatchTokensTotal[] = "llep_dispatch_tokens_total";
 inline constexpr char kExpertRecvTokensTotal[] = "llep_expert_recv_tokens_total";
 /// Bytes of the communication buffer, label kind.
 inline constexpr char kBufferBytes[] = "llep_buffer_bytes";
+/// Decode step latency as the engine measured it (host clock, one observation per step that ran a batch; reported
+/// through Exporter::ObserveDecodeStep, e.g. by llep.engine).
+inline constexpr char kDecodeStepSeconds[] = "llep_decode_step_seconds";
+/// Tokens the engine's decode steps fed through the model (rate() of it is tokens/s).
+inline constexpr char kDecodeTokensTotal[] = "llep_decode_tokens_total";
 
 }  // namespace llep::metrics

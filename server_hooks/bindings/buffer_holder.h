@@ -124,6 +124,11 @@ class BufferHolder {
     return exporter_->port();
   }
   void StopMetricsExporter() { exporter_.reset(); }
+  /// An engine's decode step into the running exporter (llep_decode_step_seconds, llep_decode_tokens_total).
+  void ObserveDecodeStep(double seconds, int64_t tokens) {
+    if (!exporter_) ThrowIfError(absl::FailedPreconditionError("no metrics exporter is running"));
+    ThrowIfError(exporter_->ObserveDecodeStep(seconds, tokens));
+  }
   /// The exporter's current text (what a scrape returns), after a fresh collection.
   std::string MetricsText() {
     if (!exporter_) ThrowIfError(absl::FailedPreconditionError("no metrics exporter is running"));
@@ -172,6 +177,8 @@ void BindMetricsMethods(PyClass& c) {
            py::arg("labels"), py::arg("interval_s"),
            "Starts the Prometheus exporter (collector thread + HTTP /metrics); returns the bound port")
       .def("stop_metrics_exporter", &Holder::StopMetricsExporter)
+      .def("observe_decode_step", &Holder::ObserveDecodeStep, py::arg("seconds"), py::arg("tokens"),
+           "An engine's decode step into the exporter: step latency histogram and token counter")
       .def("metrics_text", &Holder::MetricsText, "The exporter's text after a fresh collection");
 }
 

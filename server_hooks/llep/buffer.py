@@ -360,6 +360,15 @@ class Buffer:
         self.metrics_port = runtime.start_metrics_exporter(address, int(port), dict(labels or {}), float(interval_s))
         return self.metrics_port
 
+    def observe_decode_step(self, seconds: float, tokens: int) -> None:
+        """Records an engine's decode step on this rank's exporter (llep addition): `seconds` into the
+        llep_decode_step_seconds histogram, `tokens` (fed through the model in that step) added to
+        llep_decode_tokens_total, whose rate is tokens/s. A no-op while no exporter runs, so an engine can call it
+        every step; a negative or non-finite value is an LlepInvalidArgumentError."""
+        if self.metrics_port is None:
+            return
+        self._metrics_runtime().observe_decode_step(float(seconds), int(tokens))
+
     def stop_metrics_exporter(self) -> None:
         if self.runtime is not None:
             self.runtime.stop_metrics_exporter()

@@ -6,6 +6,8 @@ request's greedy tokens must equal those of the single-process dense reference o
   sizes 1, 2, 4 (what --graphs replays on GPUs; padding rows must reach no expert); two-batch overlap (two
   micro-batches interleaved per layer, both dispatches in flight on one Buffer; idle ranks make both micro-batches'
   calls in the same order), padded, 4 ranks.
+- With --metrics-port, each rank's exporter shows one llep_decode_step_seconds observation per step with a batch and
+  llep_decode_tokens_total = the tokens it fed (the launcher checks both).
 - With every check, the tokens all ranks' experts received per layer (llep's per-layer counters) must equal top-k
   times the tokens fed: idle ranks' dummy tokens and padding rows add nothing.
 - The same weights written to a .safetensors file and loaded give the same tokens; a file missing a tensor is a
@@ -36,7 +38,8 @@ def _results(workdir, ranks):
     return [json.load(open(os.path.join(workdir, f'rank{r}.json'))) for r in range(ranks)]
 
 
-@pytest.mark.parametrize('extra,ranks', [(('--ranks', '2'), 2), (('--ranks', '4', '--fp8', '--no-hooks'), 4),
+@pytest.mark.parametrize('extra,ranks', [(('--ranks', '2', '--metrics-port', '0'), 2),
+                                         (('--ranks', '4', '--fp8', '--no-hooks'), 4),
                                          (('--ranks', '2', '--pad'), 2), (('--ranks', '4', '--pad', '--tbo'), 4)],
                          ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks', 'bf16-padded-tbo-4ranks'])
 def test_engine_tokens_equal_the_dense_reference(extra, ranks):
@@ -46,6 +49,8 @@ def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     assert all(len(r['tokens']) == 8 and all(len(t) == 32 for t in r['tokens'].values()) for r in results)
     assert all(r['steps'] >= 32 for r in results)
     assert all(len(r['received_per_layer']) == 2 for r in results)  # the load check above ran (tiny: 2 layers)
+    if '--metrics-port' in extra:  # the exporter check above ran: decode steps and tokens on the exporter
+        assert all(r['exported']['llep_decode_step_seconds_count'] == len(r['step_ms']) > 0 for r in results)
 
 
 def test_engine_loads_safetensors_and_the_check_can_fail():

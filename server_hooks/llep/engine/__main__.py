@@ -37,6 +37,9 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument('--graphs', action='store_true', help='one CUDA graph per batch size 1, 2, 4, ... max-batch')
     ap.add_argument('--pad', action='store_true', help='pad batches to those sizes without graphs (CPU ranks)')
     ap.add_argument('--tbo', action='store_true', help='two-batch overlap: each step as two interleaved micro-batches')
+    ap.add_argument('--metrics-port', type=int, default=-1,
+                    help='llep: each rank\'s Prometheus exporter on this port + rank (0: any free port), with the '
+                         'engine\'s decode step latency and token counter beside the communication metrics')
     ap.add_argument('--check', action='store_true', help='compare with the dense single-process reference')
     ap.add_argument('--workdir', default='')
     ap.add_argument('--rank', type=int, default=-1, help=argparse.SUPPRESS)  # set for the rank processes
@@ -65,6 +68,15 @@ def _buffer(a, cfg, group):
                           explicitly_destroy=True)
 
 
+def _sample(text: str, name: str) -> float:
+    """The sum of the samples of `name` (any labels) in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + '{') or line.startswith(name + ' '):
+            total += float(line.rsplit(' ', 1)[1])
+    return total
+
+
 def _llep_options() -> dict:
     from llep import _llep
     return _llep.read_options()
@@ -88,9 +100,15 @@ def _rank_main(a) -> None:
     E_loc = cfg.num_experts // a.ranks
     weights = _weights(a, cfg, range(a.rank * E_loc, (a.rank + 1) * E_loc))
     buf = _buffer(a, cfg, group)
+    exporter = a.system == 'llep' and a.metrics_port >= 0
+    if exporter:
+        buf.clean_low_latency_buffer(a.max_batch, cfg.hidden, cfg.num_experts)  # the layout the metrics count on
+        buf.start_metrics_exporter(port=a.metrics_port + a.rank if a.metrics_port > 0 else 0,
+                                   labels={'engine': 'llep.engine', 'model_name': a.model})
     moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
     model = Model(cfg, weights, moe, dev, a.max_batch)
-    engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs, two_batches=a.tbo)
+    engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs, two_batches=a.tbo,
+                    observe=buf.observe_decode_step if exporter else None)
     for r in make_requests(a.rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
         engine.add(r)
     t0 = time.perf_counter()
@@ -104,6 +122,10 @@ def _rank_main(a) -> None:
     if moe.per_layer and _llep_options()['metrics']:
         counts = buf.metrics_snapshot()['layer_expert_recv_tokens']
         result['received_per_layer'] = counts[:cfg.num_layers].sum(1).tolist()
+    if exporter:  # what a scrape shows now: the engine's step series next to the communication metrics
+        text = buf.runtime.metrics_text()
+        result['exported'] = {name: _sample(text, name) for name in ('llep_decode_step_seconds_count',
+                                                                     'llep_decode_tokens_total', 'llep_ops_total')}
     with open(os.path.join(a.workdir, f'rank{a.rank}.json'), 'w') as f:
         json.dump(result, f)
     dist.barrier()
@@ -180,6 +202,14 @@ def launch(a, argv: List[str]) -> int:
         if got != [want] * cfg.num_layers:
             print(f'llep.engine check: FAIL: experts received {got} tokens per layer, {want} were routed')
             return 1
+    for r in results:
+        if 'exported' in r:  # every step with a batch observed once, every fed token counted
+            want = {'llep_decode_step_seconds_count': float(len(r['step_ms'])),
+                    'llep_decode_tokens_total': float(r['fed'])}
+            got = {k: r['exported'][k] for k in want}
+            if got != want or not r['exported']['llep_ops_total'] > 0:
+                print(f'llep.engine check: FAIL: rank {r["rank"]} exported {r["exported"]}, expected {want}')
+                return 1
     diff = compare(a, results)
     if diff:
         print(f'llep.engine check: FAIL: {diff}')

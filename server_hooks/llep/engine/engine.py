@@ -7,7 +7,7 @@ group: all ranks step until no rank has work, and a rank without requests runs i
 a dummy token with no experts (EpMoE.idle), as SGLang's DP-attention idle batches do."""
 import dataclasses
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -49,15 +49,16 @@ class _Static:
 class Engine:
     def __init__(self, model: Model, max_batch: int, group: Optional[dist.ProcessGroup] = None,
                  idle: Optional[callable] = None, pad: bool = False, graphs: bool = False,
-                 two_batches: bool = False) -> None:
+                 two_batches: bool = False, observe: Optional[Callable[[float, int], None]] = None) -> None:
         """group: the EP group the steps are kept in lockstep over (None: this engine runs alone); idle(layer): what a
         rank with no requests runs per MoE layer in a step the others take. pad: run every batch at the next size of
         1, 2, 4, ... max_batch (padding rows use the model's scratch KV slot max_batch and go to no expert); graphs:
         also capture one CUDA graph per size (largest first, one memory pool; collective) and replay it. The dense
         reference pads the same way as a graph-replaying engine, so both run identical shapes. two_batches: each step
         as two overlapped micro-batches (Model.forward_two_batches); idle(layer, micro_batches) then makes both
-        micro-batches' calls."""
-        self.model, self.max_batch, self.group, self.idle = model, max_batch, group, idle
+        micro-batches' calls. observe(seconds, tokens): called after every step that ran a batch (llep's
+        Buffer.observe_decode_step: the exporter's step latency histogram and token counter)."""
+        self.model, self.max_batch, self.group, self.idle, self.observe = model, max_batch, group, idle, observe
         self.micro_batches = 2 if two_batches else 1
         self._fwd = model.forward_two_batches if two_batches else model.forward
         self.sizes = graph_sizes(max_batch) if (pad or graphs) else None
@@ -160,6 +161,8 @@ class Engine:
             if r.pos >= len(r.prompt):
                 r.output.append(int(t))
         self.step_times.append(time.perf_counter() - t0)
+        if self.observe is not None:
+            self.observe(self.step_times[-1], len(nxt))
         return True
 
     def run(self) -> List[Request]:
