@@ -2,9 +2,11 @@
 
 Each step: finished requests leave, waiting ones take free KV slots (up to max_batch), and every running request feeds
 one token: the next prompt token while it is prefilling (prefill runs token by token, eagerly), else its last output.
-Greedy sampling; optionally padded to fixed batch sizes and replayed as CUDA graphs. The ranks agree on every step through a CPU all-reduce of (batch size, requests left) over the
-group: all ranks step until no rank has work, and a rank without requests runs its MoE layers' dispatch and combine on
-a dummy token with no experts (EpMoE.idle), as SGLang's DP-attention idle batches do."""
+Greedy sampling; optionally padded to fixed batch sizes and replayed as CUDA graphs, optionally as two overlapped
+micro-batches. The ranks agree on every step through a CPU all-reduce (max) of the requests each has left: all ranks
+step until no rank has work (each rank's batch size is its own: llep's layout depends on max_batch only), and a rank
+without requests runs its MoE layers' dispatches and combines on a dummy token with no experts (EpMoE.idle), as
+SGLang's DP-attention idle batches do."""
 import dataclasses
 import time
 from typing import Callable, List, Optional
@@ -48,7 +50,7 @@ class _Static:
 
 class Engine:
     def __init__(self, model: Model, max_batch: int, group: Optional[dist.ProcessGroup] = None,
-                 idle: Optional[callable] = None, pad: bool = False, graphs: bool = False,
+                 idle: Optional[Callable[..., None]] = None, pad: bool = False, graphs: bool = False,
                  two_batches: bool = False, observe: Optional[Callable[[float, int], None]] = None) -> None:
         """group: the EP group the steps are kept in lockstep over (None: this engine runs alone); idle(layer): what a
         rank with no requests runs per MoE layer in a step the others take. pad: run every batch at the next size of
