@@ -1,15 +1,8 @@
-"""Loopback process groups for the GPU benchmarks: a free port and a gloo group, defined once for every script."""
+"""Loopback process groups for the GPU benchmarks: a free port (llep.utils) and a gloo group, for every script."""
 import datetime
-import socket
 
 import torch.distributed as dist
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for the group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+from llep.utils import free_port  # noqa: F401  (re-exported: the scripts import it from here)
 
 
 def init_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:

@@ -1,5 +1,14 @@
-"""EventOverlap and completion events, as DeepEP V1's deep_ep.utils exposes them."""
+"""EventOverlap and completion events, as DeepEP V1's deep_ep.utils exposes them; free_port for loopback groups."""
+import socket
 from typing import Any, Optional, Tuple
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: the rendezvous of a loopback process group (llep.engine's launcher, the
+    tests and benchmarks), or an exporter's port."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
 
 class CompletedEvent:

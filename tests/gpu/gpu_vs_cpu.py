@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 import time
 import traceback
@@ -35,12 +34,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
+from llep.utils import free_port
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 # (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters)
@@ -359,7 +354,7 @@ def main():
     for R in args.ranks:
         cases = [c for c in all_cases if c[1] == R]
         try:
-            mp.spawn(_worker, args=(R, _free_port(), cases, args.results, args.ranks_per_node), nprocs=R, join=True)
+            mp.spawn(_worker, args=(R, free_port(), cases, args.results, args.ranks_per_node), nprocs=R, join=True)
         except Exception as e:
             print(f'R={R}: worker failed: {e}', flush=True)
             rc = 1

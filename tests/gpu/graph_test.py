@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import random
-import socket
 import sys
 import time
 import traceback
@@ -44,6 +43,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
 
 import llep  # noqa: E402
+from llep.utils import free_port  # noqa: E402
 from llep.graph_capture import DecodeGraphs, pick_size  # noqa: E402
 
 import graph_steps  # noqa: E402
@@ -51,11 +51,6 @@ import graph_steps  # noqa: E402
 H, E, K = 2048, 64, 8
 VARIANTS = 4
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _tokens(rank, variant, T):
@@ -386,7 +381,7 @@ def main():
     open(args.results, 'w').close()
     rc = 0
     try:
-        mp.spawn(_worker, args=(R, _free_port(), args.T, args.steps, args.results), nprocs=R, join=True)
+        mp.spawn(_worker, args=(R, free_port(), args.T, args.steps, args.results), nprocs=R, join=True)
     except Exception as e:
         print(f'graph_test: worker failed: {e}', flush=True)
         rc = 1

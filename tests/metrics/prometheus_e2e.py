@@ -22,13 +22,14 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
+
+from llep.utils import free_port  # the ranks import llep from the same PYTHONPATH
 
 R, T, H, E, K, ITERS, LAYERS = 4, 16, 2048, 32, 4, 6, 2
 E_LOC = E // R
@@ -37,11 +38,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DASHBOARD = os.path.join(HERE, '..', '..', 'metrics', 'grafana', 'llep_dashboard.json')
 RULES = os.path.join(HERE, '..', '..', 'metrics', 'prometheus', 'llep_rules.yml')
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def _routing(rank, it, layer):
@@ -220,7 +216,7 @@ def main():
     ranks, prom = [], None
     failures = []
     try:
-        port = _free_port()
+        port = free_port()
         ranks = [subprocess.Popen([sys.executable, __file__, '--rank', str(r), '--port', str(port), '--workdir',
                                    workdir]) for r in range(R)]
         infos = {}
@@ -239,7 +235,7 @@ def main():
             f.write('global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - llep_rules.yml\n'
                     'scrape_configs:\n  - job_name: llep\n'
                     f'    metrics_path: /metrics\n    static_configs:\n      - targets: [{targets}]\n')
-        prom_port = _free_port()
+        prom_port = free_port()
         api = f'http://127.0.0.1:{prom_port}'
         t_prom = time.time()
         prom = subprocess.Popen([a.prometheus, f'--config.file={workdir}/prometheus.yml',

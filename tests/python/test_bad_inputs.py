@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
-from llep_test_util import free_port
+from llep.utils import free_port
 
 R, T, H, E, K = 2, 8, 512, 8, 3
 E_LOC = E // R

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
-from llep_test_util import free_port
+from llep.utils import free_port
 
 T, H, E, K, R = 16, 2048, 16, 4, 4
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from llep_test_util import free_port
+from llep.utils import free_port
 
 R, T, H, E, K = 2, 8, 2048, 8, 4
 E_loc = E // R

@@ -15,7 +15,7 @@ import llep
 from llep.graph_capture import DecodeGraphs, graph_sizes, moe_step, pick_size
 
 import graph_steps
-from llep_test_util import free_port
+from llep.utils import free_port
 
 T, H, E, K, R = 8, 1024, 16, 4, 2
 

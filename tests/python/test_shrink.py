@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from llep_test_util import free_port
+from llep.utils import free_port
 
 T, H, K = 8, 1024, 4
 TIMEOUT_S = 3.0
