@@ -54,7 +54,6 @@ def test_engine_tokens_equal_the_dense_reference(extra, ranks):
 
 
 def test_engine_loads_safetensors_and_the_check_can_fail():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from llep.engine import ModelConfig, init_weights, load_safetensors, save_safetensors
     from llep.engine.__main__ import _args, compare
     cfg = ModelConfig.tiny()

@@ -61,13 +61,12 @@ def _experts(recv_rows):
 
 
 def _dequant_fp8(q, scales, ue8m0):
-    from llep.engine.moe import _e4m3_table
-    vals = _e4m3_table(torch.device('cpu'))[q.view(torch.uint8).long() if q.dtype != torch.uint8 else q.long()]
-    if ue8m0:  # int32 [E_loc, rows, H/512] (column-major, as DeepEP's): byte g % 4 of word g / 4 = group g's exponent
-        s = (scales.contiguous().view(torch.uint8).int() << 23).view(torch.float32)
-    else:
-        s = scales
-    return (vals.unflatten(-1, (-1, 128)) * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+    """FP8 rows back to bf16 with the engine's decoder; UE8M0 scales (int32 [E_loc, rows, H/512], column-major as
+    DeepEP's: byte g % 4 of word g / 4 = group g's exponent) first become fp32 scale_inv."""
+    from llep.engine.moe import dequantize_fp8
+    if ue8m0:
+        scales = (scales.contiguous().view(torch.uint8).int() << 23).view(torch.float32)
+    return dequantize_fp8(q, scales)
 
 
 def _check_combined(out, x, ids, w, fp8, what):

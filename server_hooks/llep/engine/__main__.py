@@ -136,8 +136,9 @@ def _rank_main(a) -> None:
 
 def compare(a, results) -> str:
     """'' when every request of every rank's results has the reference's tokens, else what differs first."""
+    model = reference_model(a)  # built once: the ranks' requests are decoded one rank after the other on it
     for res in results:
-        ref = reference_tokens(a, res['rank'])
+        ref = reference_tokens(a, model, res['rank'])
         for rid, want in sorted(ref.items()):
             got = res['tokens'].get(rid)
             if got != want:
@@ -147,21 +148,26 @@ def compare(a, results) -> str:
     return ''
 
 
-def reference_tokens(a, rank: int) -> Dict[str, List[int]]:
-    """Rank `rank`'s requests decoded by the dense model in one process (same scheduler, same batches, same device
-    kind as the ranks, fp64 expert arithmetic as the checked ranks use)."""
+def reference_model(a):
+    """The dense single-process model of the same weights (same device kind as the ranks, fp64 expert arithmetic as
+    the checked ranks use). Its KV slots are reused from one rank's requests to the next, as the engine reuses them
+    between requests: a step writes a position before any step reads it."""
     from .config import ModelConfig
     from .experts import set_exact
-    from .engine import Engine, make_requests
     from .model import Model
     from .moe import DenseMoE
-    cfg = ModelConfig.named(a.model, a.layers)
     set_exact(True)
+    cfg = ModelConfig.named(a.model, a.layers)
     weights = _weights(a, cfg)
     dev = torch.device('cuda', 0) if a.device == 'cuda' else torch.device('cpu')
-    model = Model(cfg, weights, DenseMoE(cfg, weights, dev, use_fp8=a.fp8), dev, a.max_batch)
+    return Model(cfg, weights, DenseMoE(cfg, weights, dev, use_fp8=a.fp8), dev, a.max_batch)
+
+
+def reference_tokens(a, model, rank: int) -> Dict[str, List[int]]:
+    """Rank `rank`'s requests decoded by the reference model (same scheduler, same batches and padding)."""
+    from .engine import Engine, make_requests
     engine = Engine(model, a.max_batch, pad=a.pad or a.graphs, two_batches=a.tbo)  # the checked run's shapes
-    for r in make_requests(rank, a.requests, cfg.vocab_size, a.new_tokens, a.seed):
+    for r in make_requests(rank, a.requests, model.cfg.vocab_size, a.new_tokens, a.seed):
         engine.add(r)
     return {str(r.rid): r.output for r in engine.run()}
 
@@ -173,10 +179,8 @@ def launch(a, argv: List[str]) -> int:
         print(f'llep.engine: {a.ranks} ranks cannot share {cfg.num_experts} experts evenly')
         return 2
     workdir = a.workdir or tempfile.mkdtemp(prefix='llep-engine-')
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
+    from llep.utils import free_port
+    port = free_port()
     # The rank processes get the launcher's arguments; argparse keeps the last --workdir, this one.
     procs = [subprocess.Popen([sys.executable, '-m', 'llep.engine', *argv, '--rank', str(r), '--port', str(port),
                                '--workdir', workdir]) for r in range(a.ranks)]

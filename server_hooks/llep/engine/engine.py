@@ -36,16 +36,22 @@ class Request:
 
 
 class _Static:
-    """One batch size's static step inputs (padding: token 0 at position 0 of the scratch KV slot, not valid), its
-    graph and its logits."""
+    """One batch size's static step inputs, rows tokens / positions / KV slots / valid (1 = a request, 0 = padding:
+    token 0 at position 0 of the scratch KV slot), filled by one copy per step; its graph and its logits."""
 
     def __init__(self, size: int, scratch_slot: int, device: torch.device) -> None:
-        self.tokens = torch.zeros(size, dtype=torch.int64, device=device)
-        self.pos = torch.zeros(size, dtype=torch.int64, device=device)
-        self.slots = torch.full((size,), scratch_slot, dtype=torch.int64, device=device)
-        self.valid = torch.zeros(size, dtype=torch.bool, device=device)
+        self.size, self.scratch_slot = size, scratch_slot
+        self.inputs = torch.zeros((4, size), dtype=torch.int64, device=device)
+        self.inputs[2].fill_(scratch_slot)
+        self.tokens, self.pos, self.slots, self.valid = self.inputs.unbind(0)
         self.graph = None
         self.logits: Optional[torch.Tensor] = None
+
+    def load(self, tokens: List[int], pos: List[int], slots: List[int]) -> None:
+        pad = self.size - len(tokens)
+        host = torch.tensor([tokens + [0] * pad, pos + [0] * pad, slots + [self.scratch_slot] * pad,
+                             [1] * len(tokens) + [0] * pad], dtype=torch.int64)
+        self.inputs.copy_(host)
 
 
 class Engine:
@@ -96,19 +102,12 @@ class Engine:
         torch.cuda.synchronize()
 
     def _forward(self, tokens: List[int], pos: List[int], slots: List[int]) -> torch.Tensor:
-        dev, n = self.model.device, len(tokens)
-        if self.sizes is None:
-            return self._fwd(torch.tensor(tokens, dtype=torch.int64, device=dev),
-                                      torch.tensor(pos, dtype=torch.int64, device=dev),
-                                      torch.tensor(slots, dtype=torch.int64, device=dev))
+        n = len(tokens)
+        if self.sizes is None:  # one host-to-device copy for the three rows
+            inputs = torch.tensor([tokens, pos, slots], dtype=torch.int64).to(self.model.device)
+            return self._fwd(*inputs.unbind(0))
         s = self.static[pick_size(self.sizes, n)]
-        for dst, vals in ((s.tokens, tokens), (s.pos, pos), (s.slots, slots)):
-            dst[:n].copy_(torch.tensor(vals, dtype=torch.int64), non_blocking=True)
-        s.tokens[n:].zero_()
-        s.pos[n:].zero_()
-        s.slots[n:].fill_(self.max_batch)
-        s.valid[:n].fill_(True)
-        s.valid[n:].fill_(False)
+        s.load(tokens, pos, slots)
         if s.graph is not None:
             s.graph.replay()
             return s.logits[:n]

@@ -1,5 +1,5 @@
 """Expert weights as grouped-GEMM operands and the expert MLP every path (routed, shared, reference) computes with."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,10 +39,14 @@ def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     return torch.matmul((torch.nn.functional.silu(g.float()) * u.float()).to(torch.bfloat16), down)
 
 
-def stack_experts(weights: Dict[str, torch.Tensor], layer: int, experts: range) -> Tuple[torch.Tensor, torch.Tensor]:
-    """[len(experts), H, 2I] gate|up and [len(experts), I, H] down of a layer's experts (the grouped GEMM's operands)."""
-    p = f'model.layers.{layer}.mlp.experts.'
-    gu = torch.stack([torch.cat([weights[f'{p}{e}.gate_proj.weight'], weights[f'{p}{e}.up_proj.weight']]).t()
-                      for e in experts])
-    dn = torch.stack([weights[f'{p}{e}.down_proj.weight'].t() for e in experts])
+def stack_mlps(weights: Dict[str, torch.Tensor], prefixes: List[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """[len(prefixes), H, 2I] gate|up and [len(prefixes), I, H] down of the MLPs whose weights are named
+    prefix + 'gate_proj.weight' etc. (the grouped GEMM's operands)."""
+    gu = torch.stack([torch.cat([weights[p + 'gate_proj.weight'], weights[p + 'up_proj.weight']]).t() for p in prefixes])
+    dn = torch.stack([weights[p + 'down_proj.weight'].t() for p in prefixes])
     return gu.contiguous(), dn.contiguous()
+
+
+def stack_experts(weights: Dict[str, torch.Tensor], layer: int, experts: range) -> Tuple[torch.Tensor, torch.Tensor]:
+    """stack_mlps of a layer's routed experts."""
+    return stack_mlps(weights, [f'model.layers.{layer}.mlp.experts.{e}.' for e in experts])

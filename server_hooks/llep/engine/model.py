@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .config import ModelConfig
-from .experts import expert_mlp, stack_experts
+from .experts import expert_mlp, stack_mlps
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,8 +58,7 @@ class Model:
                  max_slots: int) -> None:
         self.cfg, self.moe, self.device = cfg, moe, device
         self.w = {k: v.to(device) for k, v in weights.items() if '.mlp.experts.' not in k}
-        self.shared = [stack_experts({k.replace('shared_experts', 'experts.0'): v for k, v in self.w.items()
-                                      if f'layers.{layer}.mlp.shared_experts' in k}, layer, range(1))
+        self.shared = [stack_mlps(self.w, [f'model.layers.{layer}.mlp.shared_experts.'])
                        for layer in range(cfg.num_layers)]
         # One more slot than requests: padding rows of a fixed-size batch write their keys there (Engine pad/graphs).
         shape = (cfg.num_layers, max_slots + 1, cfg.max_seq_len, cfg.num_kv_heads, cfg.head_dim)
@@ -92,7 +91,7 @@ class Model:
         x = rms_norm(h, self.w[p + 'post_attention_layernorm.weight'], cfg.rms_eps)
         idx, wts = route(cfg, x, self.w[p + 'mlp.gate.weight'], self.w[p + 'mlp.gate.e_score_correction_bias'])
         if valid is not None:
-            idx = idx.masked_fill(~valid[:, None], -1)
+            idx = idx.masked_fill(valid[:, None] == 0, -1)
         gu, dn = self.shared[layer]
         return h, x, idx, wts, (lambda: expert_mlp(x, gu[0], dn[0]))
 
@@ -122,7 +121,7 @@ class Model:
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                 valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (fp32 [B, V]) of one decode step: token tokens[i] at position pos[i] of the request in KV slot
-        slots[i]. valid (bool [B], optional): rows that are padding (False) are routed to no expert (topk_idx -1, as
+        slots[i]. valid ([B], optional, bool or 0/1): rows that are padding (0) are routed to no expert (topk_idx -1, as
         engines pad graph batches), so they add nothing to any expert's load."""
         cfg = self.cfg
         h = self.w['model.embed_tokens.weight'][tokens]

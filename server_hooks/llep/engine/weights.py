@@ -53,6 +53,11 @@ def _mlp_shapes(cfg: ModelConfig):
     return (('gate_proj', (inter, H)), ('up_proj', (inter, H)), ('down_proj', (H, inter)))
 
 
+def _keeps_fp32(name: str) -> bool:
+    """Norms, the router and its bias stay fp32 (as DeepSeek keeps the router's scores); the rest is the model dtype."""
+    return 'layernorm' in name or name == 'model.norm.weight' or '.mlp.gate.' in name
+
+
 def _random(name: str, shape: Tuple[int, ...], seed: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62))
     t = torch.randn(shape, generator=g, device=device)
@@ -72,8 +77,7 @@ def init_weights(cfg: ModelConfig, seed: int = 0, experts: Optional[range] = Non
     out = {}
     for name, shape in list(shared_names(cfg)) + list(expert_names(cfg, experts)):
         t = _random(name, shape, seed, torch.device(device))
-        keep_fp32 = 'layernorm' in name or name == 'model.norm.weight' or '.mlp.gate.' in name
-        out[name] = t if keep_fp32 else t.to(dtype)
+        out[name] = t if _keeps_fp32(name) else t.to(dtype)
     return out
 
 
@@ -145,6 +149,5 @@ def load_safetensors(directory: str, cfg: ModelConfig, experts: Optional[range] 
     for name, shape in need.items():
         if tuple(found[name].shape) != shape:
             raise ValueError(f'{directory}: {name} has shape {tuple(found[name].shape)}, expected {shape}')
-        keep_fp32 = 'layernorm' in name or name == 'model.norm.weight' or '.mlp.gate.' in name
-        found[name] = found[name].float() if keep_fp32 else found[name].to(dtype)
+        found[name] = found[name].float() if _keeps_fp32(name) else found[name].to(dtype)
     return found
