@@ -11,19 +11,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import llep
+from llep.engine.moe import e4m3_values
 from llep.utils import free_port
 
 T, H, E, K, R = 16, 2048, 16, 4, 4
 
-
-
-def _e4m3_table():
-    codes = torch.arange(256, dtype=torch.int64)
-    sign = torch.where(codes >= 128, -1.0, 1.0).double()
-    e, m = (codes >> 3) & 0xF, (codes & 7).double()
-    val = torch.where(e == 0, m * 2.0 ** -9, (1 + m / 8) * torch.pow(2.0, (e - 7).double()))
-    val[(e == 15) & ((codes & 7) == 7)] = float('nan')
-    return (sign * val).float()
 
 
 def _dequant(recv, scales, use_fp8, use_ue8m0):
@@ -31,7 +23,7 @@ def _dequant(recv, scales, use_fp8, use_ue8m0):
     if not use_fp8:
         return recv.float()
     codes = recv.view(torch.uint8).long() if recv.dtype != torch.uint8 else recv.long()
-    vals = _e4m3_table()[codes]
+    vals = e4m3_values(torch.device('cpu'))[codes]
     if use_ue8m0:
         b = scales.contiguous().view(torch.uint8).int()  # [E_loc, rows, H/512 * 4] = one byte per 128 channels
         s = (b << 23).view(torch.float32)

@@ -13,11 +13,12 @@ from .config import ModelConfig
 from .experts import expert_mlp, stack_experts
 
 # e4m3fn code -> value (the 256 codes; NaN codes map to NaN), per device: decodes FP8 receive rows on a torch without
-# float8 and drives fp8_round_trip. Cached so no call (and no graph capture) copies it to the device again.
+# float8, drives fp8_round_trip, and is the tests' decoder. Cached so no call (and no graph capture) copies it to the
+# device again.
 _E4M3: Dict[torch.device, torch.Tensor] = {}
 
 
-def _e4m3_table(device: torch.device) -> torch.Tensor:
+def e4m3_values(device: torch.device) -> torch.Tensor:
     if device not in _E4M3:
         vals = []
         for b in range(256):
@@ -31,7 +32,7 @@ def _e4m3_table(device: torch.device) -> torch.Tensor:
 def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """[..., H] e4m3 rows (float8 or uint8 codes) times their per-128-channel fp32 scales [..., H/128] -> bf16."""
     if q.dtype == torch.uint8:
-        f = _e4m3_table(q.device)[q.long()]
+        f = e4m3_values(q.device)[q.long()]
     else:
         f = q.float()
     return (f.unflatten(-1, (-1, 128)) * scales.float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
@@ -42,7 +43,7 @@ def fp8_round_trip(x: torch.Tensor) -> torch.Tensor:
     (kernels/codec/fp8.h: amax = max(1e-4, max |x|), scale = 448 / amax, scale_inv = amax * (1 / 448), code = e4m3 of
     x * scale rounded to nearest even, saturated at 448) and decoded by dequantize_fp8. The reference applies it so an
     FP8 engine run can be compared token for token."""
-    table = _e4m3_table(x.device)[:127]  # codes 0..126: the non-negative finite values, increasing
+    table = e4m3_values(x.device)[:127]  # codes 0..126: the non-negative finite values, increasing
     xf = x.float().unflatten(-1, (-1, 128))
     amax = xf.abs().amax(-1, keepdim=True).clamp(min=1e-4)
     scale = torch.tensor(448.0, device=x.device) / amax
