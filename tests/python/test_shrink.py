@@ -52,6 +52,18 @@ class _Failed(Exception):
     pass
 
 
+def _sync(workdir, tag, ranks, rank):
+    """Waits until every rank in `ranks` reached `tag` (files in the work folder, no transport, no timeout of
+    llep's). Before each timed call, so that a live rank slowed by a loaded machine (CI: five Python processes on two
+    cores, checks in Python between the calls) is never silent long enough to be masked: only the failures the test
+    makes may time out. Returns the seconds spent waiting, which the "rounds do not wait" check leaves out."""
+    t0 = time.time()
+    open(os.path.join(workdir, f'sync.{tag}.{rank}'), 'w').close()
+    while not all(os.path.exists(os.path.join(workdir, f'sync.{tag}.{r}')) for r in ranks):
+        time.sleep(0.005)
+    return time.time() - t0
+
+
 def _check(cond, what):
     if not cond:
         raise _Failed(what)
@@ -133,15 +145,21 @@ def _shrink_rank(rank, R, device, workdir):
     buf.clean_low_latency_buffer(T, H, E)
     failed = set()
     took = []
+
+    def sync(tag):
+        return _sync(workdir, tag, set(range(R)) - failed, rank)
+
     for rnd in range(4):
         hook = rnd % 2 == 1
         _fail(rank, 'dispatch', failed, device, workdir)
+        sync(f'd{rnd}')
         t0 = time.time()
         recv, count, handle, x, topk, w = _round(buf, rank, rnd, R, E, dev, failed, hook)
         got = _masks(buf, R, dev)
         _check(got == failed, f'round {rnd} dispatch: masked {sorted(got)}, expected {sorted(failed)}')
         _check_dispatch(buf, rank, rnd, R, E, dev, failed, recv, count, handle)
         _fail(rank, 'combine', failed, device, workdir)
+        t0 += sync(f'c{rnd}')
         out = torch.empty((x.size(0), H), dtype=torch.bfloat16, device=dev)
         y = recv  # experts return their inputs
         _, event, h = buf.low_latency_combine(y, topk, w, handle, out=out, return_recv_hook=hook, async_finish=not hook)
@@ -150,6 +168,7 @@ def _shrink_rank(rank, R, device, workdir):
         _check(got == failed, f'round {rnd} combine: masked {sorted(got)}, expected {sorted(failed)}')
         _check_combine(rnd, R, E, failed, x, topk, w, out)
         _fail(rank, 'clean', failed, device, workdir)
+        t0 += sync(f'k{rnd}')
         buf.clean_low_latency_buffer(T, H, E)
         got = _masks(buf, R, dev)
         _check(got == failed, f'round {rnd} clean: masked {sorted(got)}, expected {sorted(failed)}')
@@ -161,22 +180,29 @@ def _shrink_rank(rank, R, device, workdir):
     other = [r for r in survivors if r != rank][0]
     buf.low_latency_update_mask_buffer(other, True)
     _check(_masks(buf, R, dev) == failed | {other}, 'update_mask_buffer did not mask')
+    sync('d10')
     recv, count, handle, x, topk, w = _round(buf, rank, 10, R, E, dev, failed | {other}, False)
     _check_dispatch(buf, rank, 10, R, E, dev, failed | {other}, recv, count, handle)
+    sync('c10')
     out, _, _ = buf.low_latency_combine(recv, topk, w, handle)
     _check_combine(10, R, E, failed | {other}, x, topk, w, out)
     buf.low_latency_clean_mask_buffer()
     _check(_masks(buf, R, dev) == set(), 'clean_mask_buffer left masks')
     for r in failed:  # the failed ranks are gone for good: mask them again
         buf.low_latency_update_mask_buffer(r, True)
+    sync('d11')
     recv, count, handle, x, topk, w = _round(buf, rank, 11, R, E, dev, failed, False)
     _check_dispatch(buf, rank, 11, R, E, dev, failed, recv, count, handle)
+    sync('c11')
     out, _, _ = buf.low_latency_combine(recv, topk, w, handle)
     _check_combine(11, R, E, failed, x, topk, w, out)
     snap = buf.metrics_snapshot()
     # One timeout per silent rank at a user's call: rank 1 at a dispatch, rank 3 at a combine (rank 4 went silent at
     # the clean barrier, which is not counted as an operation).
     _check(snap['timeouts'] == {'dispatch': 1, 'combine': 1}, f'timeouts {snap["timeouts"]}')
+    # A rank's last combine returns once it has received, which may be before its own sends left its proxy: exiting
+    # at once (os._exit, no teardown) could drop them and leave the other survivor waiting until it masks a live rank.
+    sync('end')
     return {'rounds_s': took, 'timeouts': snap['timeouts']}
 
 
@@ -206,10 +232,13 @@ def _recover_rank(rank, R, device, workdir):
     _check(timed_out or rank == R - 1, f'rank {rank}: the stall raised no timeout')
     buf.clean_low_latency_buffer(T, H, E)  # every rank: the buffer is usable again
     for rnd in (2, 3, 4):
+        _sync(workdir, f'd{rnd}', range(R), rank)
         recv, count, handle, x, topk, w = _round(buf, rank, rnd, R, E, dev, set(), rnd % 2 == 1)
         _check_dispatch(buf, rank, rnd, R, E, dev, set(), recv, count, handle)
+        _sync(workdir, f'c{rnd}', range(R), rank)
         out, event, _ = buf.low_latency_combine(recv, topk, w, handle)
         _check_combine(rnd, R, E, set(), x, topk, w, out)
+    _sync(workdir, 'end', range(R), rank)  # as in _shrink_rank: no rank leaves while another still receives from it
     buf.destroy()
     return {'timed_out': timed_out}
 
