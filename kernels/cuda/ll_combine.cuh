@@ -99,7 +99,9 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   }
   __syncthreads();
   Trace(c, LlOp::kCombine, kTraceCounterDone);
-  for (int d = blockIdx.x; tid == 0 && d < R; d += G) {
+  // CTA G-1-d publishes rank d's signal: the CTAs that hold this rank's tokens in the receive phase start at CTA 0,
+  // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
+  for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
     PublishWhenDone(c, LlOp::kCombine, half, d, static_cast<uint32_t>(max(rows_to[d], 0)), seq);
   }
 }

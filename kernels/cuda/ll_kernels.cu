@@ -16,7 +16,7 @@
 //                  recv_count, layout_range and the statistics.
 //  combine send    every CTA reads layout_range and computes, per (local expert, home rank), the position of the
 //                  block in the home rank's receive area; warps copy one row each (flattened over all blocks),
-//                  each followed by a fence and a completion add; CTA d publishes rank d's signal.
+//                  each followed by a fence and a completion add; CTA G-1-d publishes rank d's signal.
 //  combine recv    every CTA plans its first tokens: each slot's row position in its expert rank's return area,
 //                  counted by comparing with every token's selections (no per-expert histogram); the last CTA
 //                  counts the rows routed per rank for the check. Then it waits for all signals and reduces top-k
@@ -55,7 +55,9 @@ __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, u
   if (phase & kPhaseSend) {
     send(p, gate, smem);
     if (gate.Open() == 0) return;  // refused (recorded) or aborted: this launch did nothing
-    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) TrackSend(c, op, phase, p.call_tag, gate.launch_index());
+    // Not thread 0: in the last CTA it polls a completion counter to publish a signal (CTA G-1-d publishes rank
+    // d's), and the record store need not wait for that (it only has to land before the launch ends).
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 32) TrackSend(c, op, phase, p.call_tag, gate.launch_index());
   }
   if (phase & kPhaseRecv) {
     if (phase & kPhaseSend) {
