@@ -6,12 +6,15 @@ request's greedy tokens must equal those of the single-process dense reference o
   sizes 1, 2, 4 (what --graphs replays on GPUs; padding rows must reach no expert); two-batch overlap (two
   micro-batches interleaved per layer, both dispatches in flight on one Buffer; idle ranks make both micro-batches'
   calls in the same order), padded, 4 ranks.
+- Batch 1 on 2 ranks: the Buffer is sized for 2 tokens per rank (R * T must be a multiple of 4, as in DeepEP).
 - With --metrics-port, each rank's exporter shows one llep_decode_step_seconds observation per step with a batch and
   llep_decode_tokens_total = the tokens it fed (the launcher checks both).
 - With every check, the tokens all ranks' experts received per layer (llep's per-layer counters) must equal top-k
   times the tokens fed: idle ranks' dummy tokens and padding rows add nothing.
 - The same weights written to a .safetensors file and loaded give the same tokens; a file missing a tensor is a
   ValueError naming it.
+- The all-to-all baseline (--system nccl: torch.distributed all_to_all_single, gloo on CPU ranks) gives the same
+  tokens too (FP8 rounding, padded, two-batch overlap, 4 ranks).
 - The check itself can fail: the reference of other weights (another seed) must differ from a run's tokens.
 Each case: 8 requests per rank, 32 new tokens each (prompts of 1..8 tokens, prefilled token by token), batch 4."""
 import json
@@ -40,8 +43,10 @@ def _results(workdir, ranks):
 
 @pytest.mark.parametrize('extra,ranks', [(('--ranks', '2', '--metrics-port', '0'), 2),
                                          (('--ranks', '4', '--fp8', '--no-hooks'), 4),
-                                         (('--ranks', '2', '--pad'), 2), (('--ranks', '4', '--pad', '--tbo'), 4)],
-                         ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks', 'bf16-padded-tbo-4ranks'])
+                                         (('--ranks', '2', '--pad'), 2), (('--ranks', '4', '--pad', '--tbo'), 4),
+                                         (('--ranks', '2', '--max-batch', '1'), 2)],
+                         ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks', 'bf16-padded-tbo-4ranks',
+                              'batch1-2ranks'])
 def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     p, workdir = _run(*extra, '--check')
     assert p.returncode == 0 and 'check: PASS' in p.stdout, p.stdout + p.stderr[-3000:]
@@ -51,6 +56,16 @@ def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     assert all(len(r['received_per_layer']) == 2 for r in results)  # the load check above ran (tiny: 2 layers)
     if '--metrics-port' in extra:  # the exporter check above ran: decode steps and tokens on the exporter
         assert all(r['exported']['llep_decode_step_seconds_count'] == len(r['step_ms']) > 0 for r in results)
+
+
+def test_engine_on_the_all_to_all_baseline_equals_the_dense_reference():
+    """--system nccl (a2a_moe.AllToAllMoE over gloo here): the same requests, the same tokens as the reference, FP8
+    rounding, padded batches and two micro-batches per step, 4 ranks; it has no per-layer counters to check."""
+    p, workdir = _run('--ranks', '4', '--system', 'nccl', '--fp8', '--pad', '--tbo', '--check')
+    assert p.returncode == 0 and 'check: PASS' in p.stdout and 'over nccl' in p.stdout, p.stdout + p.stderr[-3000:]
+    results = _results(workdir, 4)
+    assert all(len(r['tokens']) == 8 and all(len(t) == 32 for t in r['tokens'].values()) for r in results)
+    assert all('received_per_layer' not in r for r in results)
 
 
 def test_engine_loads_safetensors_and_the_check_can_fail():

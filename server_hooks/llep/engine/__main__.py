@@ -10,6 +10,7 @@ and, with --check, PASS or the first request whose tokens differ (exit status 1)
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,7 +25,9 @@ def _args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog='python3 -m llep.engine', description=__doc__.split('\n')[0])
     ap.add_argument('--ranks', type=int, default=2)
     ap.add_argument('--device', choices=('cpu', 'cuda'), default='cuda' if torch.cuda.is_available() else 'cpu')
-    ap.add_argument('--system', choices=('llep', 'deepep'), default='llep', help='whose Buffer carries the MoE layers')
+    ap.add_argument('--system', choices=('llep', 'deepep', 'nccl'), default='llep',
+                    help='what carries the MoE layers: llep\'s Buffer, DeepEP\'s, or torch.distributed all_to_all_single '
+                         '(NCCL on GPUs, gloo on CPU ranks; a2a_moe.py)')
     ap.add_argument('--model', default='tiny', help='tiny or deepseek-v3-moe')
     ap.add_argument('--layers', type=int, default=0, help='MoE layers (default: the config\'s)')
     ap.add_argument('--weights', default='', help='a directory of .safetensors files (default: random weights)')
@@ -54,16 +57,23 @@ def _weights(a, cfg, experts=None):
     return init_weights(cfg, a.seed, experts, device='cuda' if a.device == 'cuda' else 'cpu')
 
 
-def _buffer(a, cfg, group):
+def buffer_tokens(max_batch: int, ranks: int) -> int:
+    """The Buffer's tokens per rank for a batch of up to max_batch: rounded up so that ranks * T is a multiple of 4,
+    which llep and DeepEP require (the column-major scale tensor's 16-byte stride), e.g. 2 for one token on 2 ranks."""
+    step = 4 // math.gcd(ranks, 4)
+    return -(-max_batch // step) * step
+
+
+def _buffer(a, cfg, group, T):
     R = a.ranks
     if a.system == 'llep':
         import llep
-        hint = llep.Buffer.get_low_latency_rdma_size_hint(a.max_batch, cfg.hidden, R, cfg.num_experts)
+        hint = llep.Buffer.get_low_latency_rdma_size_hint(T, cfg.hidden, R, cfg.num_experts)
         buf = llep.Buffer(group, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
         buf.backend = a.device
         return buf
     import deep_ep
-    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(a.max_batch, cfg.hidden, R, cfg.num_experts)
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, cfg.hidden, R, cfg.num_experts)
     return deep_ep.Buffer(group, 0, hint, low_latency_mode=True, num_qps_per_rank=max(1, cfg.num_experts // R),
                           explicitly_destroy=True)
 
@@ -99,13 +109,19 @@ def _rank_main(a) -> None:
     cfg = ModelConfig.named(a.model, a.layers)
     E_loc = cfg.num_experts // a.ranks
     weights = _weights(a, cfg, range(a.rank * E_loc, (a.rank + 1) * E_loc))
-    buf = _buffer(a, cfg, group)
+    T = buffer_tokens(a.max_batch, a.ranks)
+    buf = _buffer(a, cfg, group, T) if a.system != 'nccl' else None
     exporter = a.system == 'llep' and a.metrics_port >= 0
     if exporter:
-        buf.clean_low_latency_buffer(a.max_batch, cfg.hidden, cfg.num_experts)  # the layout the metrics count on
+        buf.clean_low_latency_buffer(T, cfg.hidden, cfg.num_experts)  # the layout the metrics count on
         buf.start_metrics_exporter(port=a.metrics_port + a.rank if a.metrics_port > 0 else 0,
                                    labels={'engine': 'llep.engine', 'model_name': a.model})
-    moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
+    if buf is None:
+        from .a2a_moe import AllToAllMoE
+        a2a_group = dist.new_group(backend='nccl') if a.device == 'cuda' else group
+        moe = AllToAllMoE(cfg, weights, a2a_group, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8)
+    else:
+        moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, T, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
     model = Model(cfg, weights, moe, dev, a.max_batch)
     engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs, two_batches=a.tbo,
                     observe=buf.observe_decode_step if exporter else None)
@@ -130,7 +146,8 @@ def _rank_main(a) -> None:
         json.dump(result, f)
     dist.barrier()
     engine.close()
-    buf.destroy()
+    if buf is not None:
+        buf.destroy()
     dist.destroy_process_group()
 
 
@@ -218,7 +235,7 @@ def launch(a, argv: List[str]) -> int:
     if diff:
         print(f'llep.engine check: FAIL: {diff}')
         return 1
-    print(f'llep.engine check: PASS: {sum(len(r["tokens"]) for r in results)} requests on {a.ranks} ranks, every '
+    print(f'llep.engine check: PASS: {sum(len(r["tokens"]) for r in results)} requests on {a.ranks} ranks over {a.system}, every '
           f'token equal to the dense reference ({"FP8" if a.fp8 else "BF16"} dispatch, '
           f'hooks {"off" if a.no_hooks else "on"}, {"graphs" if a.graphs else "padded" if a.pad else "eager"}'
           f'{", two-batch overlap" if a.tbo else ""})')

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the GPU machine: bench/engine_bench.py (llep.engine's decode step on llep, DeepEP and the NCCL all-to-all
+# baseline). Carry .debs (scripts/fetch_gpu_debs.sh) and .baseline (a copy of ../shared/baseline, git-ignored): llep
+# and DeepEP build in parallel; without .baseline the DeepEP runs are reported as failed. One rank per GPU by default
+# (NCCL and DeepEP refuse two ranks on one GPU). LLEP_ENGINE_BENCH_ARGS go to the benchmark, e.g.
+#   LLEP_ENGINE_BENCH_ARGS="--ranks 2 --model deepseek-v3-moe --layers 1 --batches 1 8 32 128" scripts/gpu_engine_bench.sh
+# Under $OUT: engine.json, engine.png, logs.tgz (build and benchmark logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+OUTDIR="${OUT:-$PWD/gpu-test-logs}"
+LOGS="$OUTDIR/logs"
+mkdir -p "$LOGS"
+finish() { tar -czf "$OUTDIR/logs.tgz" -C "$OUTDIR" logs && rm -rf "$LOGS"; }
+trap finish EXIT
+export LLEP_GPU_TARGETS="_llep llep_py_package"
+scripts/gpu_build.sh > "$LOGS/build.log" 2>&1 &
+llep_pid=$!
+deepep_pid=
+DEEPEP_DIR=/tmp/deepep
+if [ -x .baseline/build_deepep.sh ]; then
+  DEST=$DEEPEP_DIR MAX_JOBS=8 .baseline/build_deepep.sh > "$LOGS/build_deepep.log" 2>&1 &
+  deepep_pid=$!
+fi
+wait $llep_pid || { tail -30 "$LOGS/build.log"; exit 1; }
+deepep_path=
+[ -n "$deepep_pid" ] && { wait $deepep_pid && deepep_path=$DEEPEP_DIR || tail -20 "$LOGS/build_deepep.log"; }
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$LOGS/gpus.txt"
+# shellcheck disable=SC2086
+PYTHONPATH="$PWD/$BUILD_DIR/python${deepep_path:+:$deepep_path}" python3 bench/engine_bench.py --device cuda \
+  --json "$OUTDIR/engine.json" --png "$OUTDIR/engine.png" ${LLEP_ENGINE_BENCH_ARGS:-} > "$LOGS/engine_bench.log" 2>&1
+rc=$?
+sed -n '/^llep.engine decode step/,$p' "$LOGS/engine_bench.log"
+[ $rc = 0 ] || tail -20 "$LOGS/engine_bench.log"
+exit $rc
