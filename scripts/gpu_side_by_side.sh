@@ -10,11 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
-OUTDIR="${OUT:-$PWD/gpu-test-logs}"
-LOGS="$OUTDIR/logs"
-mkdir -p "$LOGS"
-finish() { tar -czf "$OUTDIR/logs.tgz" -C "$OUTDIR" logs && rm -rf "$LOGS"; }
-trap finish EXIT
+gpu_logs_tgz
 export LLEP_GPU_TARGETS="_llep llep_py_package"
 scripts/gpu_build.sh > "$LOGS/build_new.log" 2>&1 &
 new_pid=$!
@@ -24,17 +20,11 @@ if [ -d .base ]; then
   (cd .base && LLEP_DEPS_PREFIX="$PWD/.deps" scripts/gpu_build.sh) > "$LOGS/build_base.log" 2>&1 &
   base_pid=$!
 fi
-deepep_pid=
-DEEPEP_DIR=/tmp/deepep
-if [ -x .baseline/build_deepep.sh ]; then
-  DEST=$DEEPEP_DIR MAX_JOBS=8 .baseline/build_deepep.sh > "$LOGS/build_deepep.log" 2>&1 &
-  deepep_pid=$!
-fi
+start_deepep_build
 wait $new_pid || { tail -30 "$LOGS/build_new.log"; exit 1; }
 base_ok=0
 [ -n "$base_pid" ] && { wait $base_pid && base_ok=1 || tail -20 "$LOGS/build_base.log"; }
-deepep_path=
-[ -n "$deepep_pid" ] && { wait $deepep_pid && deepep_path=$DEEPEP_DIR || tail -20 "$LOGS/build_deepep.log"; }
+wait_deepep_build
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
 new_pkg="$PWD/$BUILD_DIR/python"
 base_pkg="$PWD/.base/$BUILD_DIR/python"

@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from .config import ModelConfig
 from .experts import expert_mlp, stack_experts
-from .moe import add_shared, fp8_round_trip
+from .moe import StagedMoE, add_shared, add_topk_term, fp8_round_trip
 
 
-class AllToAllMoE:
+class AllToAllMoE(StagedMoE):
     per_layer = False  # no per-layer receive counters (llep's `layer` keyword)
 
     def __init__(self, cfg: ModelConfig, weights: Dict[str, torch.Tensor], group, rank: int, num_ranks: int,
@@ -92,22 +92,6 @@ class AllToAllMoE:
         got = self.yr[st['mb']][d, t, torch.arange(K, device=idx.device).view(1, K)]  # [n, K, H]: slot k's expert output
         acc = torch.zeros((n, self.cfg.hidden), dtype=torch.float32, device=idx.device)
         for k in range(K):
-            # fma(w, y, acc): exact products in fp64, one rounding to fp32 (DenseMoE's rule).
-            step = (acc.double() + w[:, k:k + 1].double() * got[:, k].double()).float()
-            acc = torch.where((idx[:, k] >= 0)[:, None], step, acc)
+            acc = add_topk_term(acc, w[:, k], got[:, k], idx[:, k] >= 0)
         out = acc.to(torch.bfloat16)
         return out if st['s'] is None else add_shared(out, st['s'])
-
-    def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                 shared: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
-        st = self.send(layer, x, idx, w, shared)
-        self.middle(st)
-        return self.finish(st)
-
-    def idle(self, layer: int, micro_batches: int = 1) -> None:
-        """A rank without requests takes part in every exchange, in the order the others make them."""
-        states = [self.send(layer, self.dummy_x, self.dummy_idx, self.dummy_w, None, mb) for mb in range(micro_batches)]
-        for st in states:
-            self.middle(st)
-        for st in states:
-            self.finish(st)

@@ -61,6 +61,35 @@ def add_shared(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
     return (routed.float() + shared.float()).to(torch.bfloat16)
 
 
+def add_topk_term(acc: torch.Tensor, w_k: torch.Tensor, y_k: torch.Tensor, valid_k: torch.Tensor) -> torch.Tensor:
+    """acc + w_k * y_k as one fused multiply-add per element, where valid_k (slot k of the token has an expert): the
+    product of two fp32 values is exact in fp64, so one rounding to fp32 after the add matches a fused multiply-add
+    except where the fp64 sum itself rounds (vanishingly rare). The order of llep's combine: slots in top-k order."""
+    step = (acc.double() + w_k.double().view(-1, 1) * y_k.double()).float()
+    return torch.where(valid_k[:, None], step, acc)
+
+
+class StagedMoE:
+    """A MoE layer in the three stages two-batch overlap interleaves (send, middle, finish); subclasses define them
+    and `dummy_x` / `dummy_idx` / `dummy_w` (a token routed nowhere)."""
+
+    def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                 shared: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
+        st = self.send(layer, x, idx, w, shared)
+        self.middle(st)
+        return self.finish(st)
+
+    def idle(self, layer: int, micro_batches: int = 1) -> None:
+        """A rank without requests still takes part in every layer's exchanges, in the order the others make them
+        (with two-batch overlap: both sends, then both middles, then both finishes): no tokens."""
+        states = [self.send(layer, self.dummy_x[:0], self.dummy_idx[:0], self.dummy_w[:0], None, mb)
+                  for mb in range(micro_batches)]
+        for st in states:
+            self.middle(st)
+        for st in states:
+            self.finish(st)
+
+
 class DenseMoE:
     """Reference: out[t] = bf16(sum_k w[t,k] * expert_{idx[t,k]}(x[t])) in fp32, top-k order (as llep's combine adds),
     plus the shared expert."""
@@ -89,14 +118,11 @@ class DenseMoE:
         for k in range(idx.shape[1]):
             e = idx[:, k]
             y = expert_mlp(rows.unsqueeze(1), gu[e.clamp(min=0)], dn[e.clamp(min=0)]).squeeze(1)
-            # fma(w, y, acc) per element: the product of two fp32 values is exact in fp64, so one rounding to fp32
-            # after the add matches a fused multiply-add except where the fp64 sum itself rounds (vanishingly rare).
-            step = (acc.double() + w[:, k:k + 1].double() * y.double()).float()
-            acc = torch.where((e >= 0)[:, None], step, acc)
+            acc = add_topk_term(acc, w[:, k], y, e >= 0)
         return add_shared(acc.to(torch.bfloat16), shared())
 
 
-class EpMoE:
+class EpMoE(StagedMoE):
     """Expert parallel over `buffer` (llep.Buffer or deep_ep.Buffer), one Buffer for every layer. This rank holds
     experts [rank * E_loc, (rank + 1) * E_loc). `hooks`: dispatch and combine with return_recv_hook and the shared
     expert between the send and the receive; otherwise the shared expert runs after the dispatch returns."""
@@ -146,20 +172,3 @@ class EpMoE:
             st['chook']()
         out = st['out'][:st['n']]
         return out if st['s'] is None else add_shared(out, st['s'])
-
-    def __call__(self, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                 shared: Optional[Callable[[], torch.Tensor]]) -> torch.Tensor:
-        st = self.send(layer, x, idx, w, shared)
-        self.middle(st)
-        return self.finish(st)
-
-    def idle(self, layer: int, micro_batches: int = 1) -> None:
-        """A rank without requests still takes part in every layer's dispatches and combines, in the order the others
-        make them (with two-batch overlap: both sends, then both middles, then both finishes): no tokens."""
-        empty = self.dummy_x[:0]
-        states = [self.send(layer, empty, self.dummy_idx[:0], self.dummy_w[:0], None, mb)
-                  for mb in range(micro_batches)]
-        for st in states:
-            self.middle(st)
-        for st in states:
-            self.finish(st)
