@@ -73,14 +73,11 @@ def table(a, res) -> str:
 
 
 def plot(a, res, png: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('no matplotlib: PNG skipped')
+    from plot_axes import new_axes  # bench/, the script's own folder (on sys.path when run as a script)
+    axes = new_axes()
+    if axes is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = axes
     for s in a.systems:
         for m in a.modes:
             pts = [(b, res[s][m][str(b)]['step_ms']) for b in a.batches if 'step_ms' in res[s][m][str(b)]]

@@ -288,14 +288,11 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
         json.dump({'ranks': R, 'gpus': ngpu, 'gpu': gpu, 'shared_gpus': shared, 'hidden': H, 'experts': E,
                    'topk': K, 'iters': iters, 'notes': notes, 'rows': rows,
                    'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('no matplotlib: PNG skipped')
+    from plot_axes import new_axes  # bench/, the script's own folder (on sys.path when run as a script)
+    axes = new_axes()
+    if axes is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = axes
     Ts = [r['T'] for r in rows]
     for name, color in (('llep', 'tab:blue'), ('deepep', 'tab:red')):
         for col, style in (('eager', '-o'), ('graph', '--s')):
