@@ -83,9 +83,8 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         WithTokenIds(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const auto& ids) {
 #pragma unroll
           for (int k = 0; k < Len(ids); ++k) {
-            const int r = ids[k] >= 0 ? L.local_experts.Div(ids[k]) : -1;
-            if (r == d) atomicAdd(&counts[ids[k] - r * E_loc], 1);
-            const bool hit = r == d;
+            const bool hit = ids[k] >= 0 && L.local_experts.Div(ids[k]) == d;
+            if (hit) atomicAdd(&counts[ids[k] - d * E_loc], 1);
             hit_any |= hit;
           }
         });
