@@ -37,7 +37,6 @@ import llep
 from llep.utils import free_port
 
 
-
 # (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters)
 def _cases(quick):
     cases = []

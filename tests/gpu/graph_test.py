@@ -52,7 +52,6 @@ H, E, K = 2048, 64, 8
 VARIANTS = 4
 
 
-
 def _tokens(rank, variant, T):
     return 1 + (variant * 7 + rank * 5 + variant * rank) % T  # per rank and variant, 1..T
 
