@@ -76,7 +76,10 @@ class AllToAllMoE(StagedMoE):
         hot.scatter_add_(1, e, valid.to(torch.int32))
         before = torch.cumsum(hot, 0) - hot
         pos = torch.where(valid, before.gather(1, e), torch.full_like(e, N))
-        packed = torch.zeros((E_loc, N + 1, H), dtype=rows.dtype, device=rows.device)
+        # Not zeroed: rows past an expert's count are never read back (the grouped GEMM skips them on GPUs; the dense
+        # path computes each row on its own), and zeroing ~0.5 GB per layer at the DeepSeek shape would bill the
+        # baseline for work no engine does.
+        packed = torch.empty((E_loc, N + 1, H), dtype=rows.dtype, device=rows.device)
         packed[e, pos] = rows.unsqueeze(1).expand(N, K, H)
         gu, dn = self.experts[st['layer']]
         y = expert_mlp(packed[:, :N], gu, dn, counts=hot.sum(0).to(torch.int32))

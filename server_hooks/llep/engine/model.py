@@ -115,8 +115,7 @@ class Model:
             for st in states:
                 self.moe.middle(st)
             hs = [h + self.moe.finish(st) for h, st in zip(hs, states)]
-        h = torch.cat(hs)
-        return (rms_norm(h, self.w['model.norm.weight'], cfg.rms_eps) @ self.w['lm_head.weight'].t()).float()
+        return self._logits(torch.cat(hs))
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                 valid: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -128,4 +127,7 @@ class Model:
         for layer in range(cfg.num_layers):
             h, x, idx, wts, shared = self._pre_moe(layer, h, pos, slots, valid)
             h = h + self.moe(layer, x, idx, wts, shared)
-        return (rms_norm(h, self.w['model.norm.weight'], cfg.rms_eps) @ self.w['lm_head.weight'].t()).float()
+        return self._logits(h)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return (rms_norm(h, self.w['model.norm.weight'], self.cfg.rms_eps) @ self.w['lm_head.weight'].t()).float()
