@@ -297,19 +297,33 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int total = BlockExclusiveScan(msg_start, R + 1, warp_sums);
   Trace(c, LlOp::kDispatch, kTraceRecvPlanned);
 
+  // A message (one per (token, rank)) carries up to top-k rows. When there are fewer messages than CTAs, several
+  // CTAs copy one message: its payload's 512-byte slices (a 16-byte store per lane) split into `segs` segments, and
+  // in FP8 mode one more item writes the scales. One warp storing all of a message's rows was the longest step of a
+  // small-T receive (recv_trace at T=1: 2.9 us for the payload's 8 rows, then 1.4 us for their scales). Segments
+  // target one item per CTA, not per warp: splitting down to a warp per slice at T=128 (1 rank) cost the dispatch
+  // kernel 7 % (re-read headers, more warps fetching cold code), bench/RESULTS.md session 14.
   const int64_t bytes = fp8 ? H : int64_t{2} * H;
-  for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
+  const int slices = static_cast<int>((bytes + 511) / 512);
+  const int segs = total > 0 ? max(1, min(slices, G / total)) : 1;
+  const int per_msg = segs + (fp8 ? 1 : 0);
+  for (int item = warp * G + blockIdx.x; item < total * per_msg; item += G * kWarps) {
+    const int m = item / per_msg, s = item - m * per_msg;
+    const bool lead = s == 0;  // the message's first item records its errors and writes src_info
+    const bool scale_item = s == segs;
+    const int64_t lo = scale_item ? 0 : int64_t{s * slices / segs} * 512;
+    const int64_t seg_bytes = scale_item ? 0 : min(bytes, int64_t{(s + 1) * slices / segs} * 512) - lo;
     const int src = FindBlock(msg_start, R, m), j = m - msg_start[src];
     const uint8_t* in = SrcBase(c, src);
     const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
     const uint8_t* payload = in + L.DispatchRecvOffset(half, src, j, fp8);
     const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
-    // The header, the payload's first pass and the first scales are independent loads: all issued together.
+    // The header, the segment's first pass and the first scales are independent loads: all issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
     uint4 v[kCopyRegs];
-    LoadCopyPass(payload, bytes, 0, v);
+    LoadCopyPass(payload + lo, seg_bytes, 0, v);
     float sc[4];
-    if (fp8) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
+    if (scale_item) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
     const int src_token = static_cast<int>(__shfl_sync(kFull, word, 0));
     const uint32_t w1 = __shfl_sync(kFull, word, 1);
     const int num_sel = static_cast<int>(w1 & 0xFFFF);
@@ -317,7 +331,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
                     ((__shfl_sync(kFull, word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 &&
                     num_sel <= kK && src_token >= 0 && src_token < T;
     if (!ok) {
-      if (lane == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
+      if (lane == 0 && lead) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
       continue;
     }
     // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
@@ -332,20 +346,22 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       if (!bad) {
         my_rr = begin[src * E_loc + my_le] + r;  // row inside the local expert's packed block
         my_row = int64_t{my_le} * rows + my_rr;
-        p.src_info[my_row] = src_token;
+        if (lead) p.src_info[my_row] = src_token;
       }
     }
-    if (__any_sync(kFull, bad) && lane == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
+    if (__any_sync(kFull, bad) && lane == 0 && lead) {
+      RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
+    }
     const unsigned targets = __ballot_sync(kFull, my_row >= 0);
-    // The payload goes through registers: loaded once per pass, stored to every selection's row.
-    for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
-      if (base > 0) LoadCopyPass(payload, bytes, base, v);
+    // The segment goes through registers: loaded once per pass, stored to every selection's row.
+    for (int64_t base = 0; base < seg_bytes; base += kCopyPassBytes) {
+      if (base > 0) LoadCopyPass(payload + lo, seg_bytes, base, v);
       for (unsigned t = targets; t != 0; t &= t - 1) {
         const int64_t row = __shfl_sync(kFull, my_row, __ffs(t) - 1);
-        StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes, bytes, base, v);
+        StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, base, v);
       }
     }
-    if (!fp8) continue;
+    if (!scale_item) continue;
     // Scales, 128 per pass (4 per lane). fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte
     // g % 4 of word (le, g / 4, row) is group g's exponent.
     for (int g0 = 0; g0 < num_scales; g0 += 128) {
