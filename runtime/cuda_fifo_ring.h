@@ -3,11 +3,10 @@
 // cache in device memory (the slot-claim atomic stays on the GPU). Layer: runtime; needs the CUDA runtime.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "runtime/protocol/fifo_ring.h"
+#include "runtime/protocol/gpu_api.h"
 
 namespace llep {
 
@@ -43,10 +42,10 @@ class CudaFifoRing {
   /// The abort flag as the CPU sees it: non-zero makes producers stuck on a full ring return false instead of spinning.
   int32_t* abort_word() const { return reinterpret_cast<int32_t*>(host_words_ + 1); }
   void Abort() { __atomic_store_n(abort_word(), 1, __ATOMIC_RELEASE); }
-  ~CudaFifoRing() {
-    if (ring_) cudaFreeHost(ring_);
-    if (host_words_) cudaFreeHost(host_words_);
-    if (dev_words_) cudaFree(dev_words_);
+  ~CudaFifoRing() {  // teardown: nothing to do about a failed free
+    if (ring_) (void)cudaFreeHost(ring_);
+    if (host_words_) (void)cudaFreeHost(host_words_);
+    if (dev_words_) (void)cudaFree(dev_words_);
   }
 
  private:

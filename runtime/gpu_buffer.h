@@ -32,8 +32,6 @@
 // is shared (see NextCombineBuffer).
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,6 +46,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/call_sequence.h"
 #include "runtime/cuda_fifo_ring.h"
+#include "runtime/protocol/gpu_api.h"
 #include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/topology.h"

@@ -2,8 +2,6 @@
 // set-up, release; gpu_buffer.cc: the calls, the error record, metrics, close). Private to them. Layer: runtime.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <cstdint>
 
@@ -12,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/ll_kernels.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/protocol/gpu_api.h"
 #include "runtime/protocol/ll_layout.h"
 
 namespace llep::gpu_buffer_internal {

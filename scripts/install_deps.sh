@@ -16,6 +16,7 @@ PACKAGES=(
   python3-pip python3-setuptools python3-wheel    # pip install --no-build-isolation . (pyproject.toml)
   prometheus-cpp-dev                              # metrics exporter (prometheus-cpp 1.0.1 + civetweb)
   prometheus                                      # metrics CI test: a real Prometheus scrapes the exporters
+  hipcc libamdhip64-dev                           # the LLEP_GPU=hip build (ROCm 5.2, clang-15, gfx90a), CI compile
 )
 
 missing=()

@@ -109,4 +109,28 @@ LLEP_HD Fp8Scale ComputeFp8Scale(float amax_raw, bool round_scale) {
 LLEP_HD uint8_t Ue8m0FromScaleInv(float scale_inv) { return static_cast<uint8_t>(FloatBits(scale_inv) >> 23); }
 LLEP_HD float ScaleInvFromUe8m0(uint8_t b) { return BitsToFloat(uint32_t{b} << 23); }
 
+// AMD CDNA3 (MI300X) FP8 GEMMs read e4m3fnuz: bias 8 instead of 7, no negative zero, one NaN (0x80), max 240.
+// The wire and llep's outputs stay e4m3fn (the DeepEP contract); a reader feeding such a GEMM converts where it reads
+// (kernels/HIP_PORT.md). The same bits mean half the value in fnuz, so the conversion keeps every byte except the
+// special codes and doubles the group's scale_inv: fn value = fnuz value * kFnToFnuzScaleInvFactor.
+
+/// Factor on a 128-channel group's scale_inv when its codes are reread as e4m3fnuz.
+inline constexpr float kFnToFnuzScaleInvFactor = 2.0f;
+
+/// e4m3fn code -> the e4m3fnuz code of half its value: the same byte, but -0 (0x80, fnuz's NaN) becomes +0 and the
+/// NaNs (0x7F, 0xFF: fnuz's ±240) become fnuz's NaN.
+LLEP_HD uint8_t E4m3FnToFnuz(uint8_t c) {
+  if ((c & 0x7F) == 0x7F) return 0x80;
+  return c == 0x80 ? 0x00 : c;
+}
+
+/// e4m3fnuz code -> float (reference decoder for tests and host readers).
+LLEP_HD float E4m3FnuzToFloat(uint8_t c) {
+  if (c == 0x80) return NAN;
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  const float sign = (c & 0x80) ? -1.0f : 1.0f;
+  if (e == 0) return sign * ldexpf(static_cast<float>(m), -10);
+  return sign * ldexpf(1.0f + m / 8.0f, e - 8);
+}
+
 }  // namespace llep::kernels

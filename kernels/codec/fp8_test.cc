@@ -136,3 +136,39 @@ TEST(ScaleTest, AmaxIgnoresEveryNanLikeTheGpu) {
 
 }  // namespace
 }  // namespace llep::kernels
+
+namespace llep::kernels {
+namespace {
+
+// Every e4m3fn code reread as e4m3fnuz after E4m3FnToFnuz, with the group's scale_inv doubled, has the fn value;
+// NaNs stay NaN; nothing maps to fnuz's NaN but a NaN (a finite value never turns into one).
+TEST(E4m3FnuzTest, EveryFnCodeKeepsItsValue) {
+  int nans = 0;
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t fn = static_cast<uint8_t>(c), fnuz = E4m3FnToFnuz(fn);
+    const float want = E4m3ToFloat(fn);
+    if (std::isnan(want)) {
+      EXPECT_EQ(fnuz, 0x80) << c;
+      ++nans;
+      continue;
+    }
+    EXPECT_NE(fnuz, 0x80) << c;
+    EXPECT_EQ(E4m3FnuzToFloat(fnuz) * kFnToFnuzScaleInvFactor, want) << c;
+  }
+  EXPECT_EQ(nans, 2);
+}
+
+// The fnuz decoder against its definition: bias 8, subnormals m * 2^-10, 0x80 the only NaN, ±240 the extremes.
+TEST(E4m3FnuzTest, DecoderFollowsTheFormat) {
+  EXPECT_EQ(E4m3FnuzToFloat(0x7F), 240.0f);
+  EXPECT_EQ(E4m3FnuzToFloat(0xFF), -240.0f);
+  EXPECT_EQ(E4m3FnuzToFloat(0x01), std::ldexp(1.0f, -10));
+  EXPECT_EQ(E4m3FnuzToFloat(0x08), std::ldexp(1.0f, -7));
+  EXPECT_EQ(E4m3FnuzToFloat(0x00), 0.0f);
+  int nans = 0;
+  for (int c = 0; c < 256; ++c) nans += std::isnan(E4m3FnuzToFloat(static_cast<uint8_t>(c))) ? 1 : 0;
+  EXPECT_EQ(nans, 1);
+}
+
+}  // namespace
+}  // namespace llep::kernels

@@ -30,9 +30,9 @@ struct RecordView {
 };
 
 __device__ __forceinline__ RecordView LoadRecordView(const LlCallRecord* r, LlOp op) {
-  const uint4 sent = __ldcg(reinterpret_cast<const uint4*>(&r->sent[0]));
-  const uint4 received = __ldcg(reinterpret_cast<const uint4*>(&r->received[0]));
-  const uint2 after = __ldcg(reinterpret_cast<const uint2*>(&r->sent_after[static_cast<int>(op)][0]));
+  const uint4 sent = gpu::LoadCg(reinterpret_cast<const uint4*>(&r->sent[0]));
+  const uint4 received = gpu::LoadCg(reinterpret_cast<const uint4*>(&r->received[0]));
+  const uint2 after = gpu::LoadCg(reinterpret_cast<const uint2*>(&r->sent_after[static_cast<int>(op)][0]));
   const auto u64 = [](uint32_t lo, uint32_t hi) -> unsigned long long { return protocol::JoinHalves(hi, lo); };
   return RecordView{u64(sent.x, sent.y),
                     u64(sent.z, sent.w),
@@ -40,7 +40,7 @@ __device__ __forceinline__ RecordView LoadRecordView(const LlCallRecord* r, LlOp
                     u64(received.z, received.w),
                     after.x,
                     after.y,
-                    __ldcg(&r->newest_received)};
+                    gpu::LoadCg(&r->newest_received)};
 }
 
 /// record[second] of the two views (selects, see RecordView).
@@ -60,7 +60,7 @@ __device__ __forceinline__ LlCallRecord LoadRecord(const LlCallRecord* r) {
   const uint4* src = reinterpret_cast<const uint4*>(r);
   uint4* dst = reinterpret_cast<uint4*>(&v);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) dst[i] = __ldcg(src + i);
+  for (int i = 0; i < 4; ++i) dst[i] = gpu::LoadCg(src + i);
   return v;
 }
 
@@ -117,7 +117,7 @@ __device__ uint32_t TakeReceiveCall(const LlDeviceContext& c, LlOp op, uint32_t 
   LlCallState* s = c.calls;
   const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
   const bool aborted = Aborted(c);
-  const unsigned long long next_send = __ldcg(&s->send_ctas) / gridDim.x;  // no send runs during this launch
+  const unsigned long long next_send = gpu::LoadCg(&s->send_ctas) / gridDim.x;  // no send runs during this launch
   // The receive launch's index, never kReceivedInLaunch.
   const uint32_t launch = static_cast<uint32_t>((atomicAdd(&s->recv_ctas, 1ull) / gridDim.x) % kReceivedInLaunch);
   const RecordView r = PickRecord((next_send & 1) != 0, r0, r1);

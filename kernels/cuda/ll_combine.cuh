@@ -74,7 +74,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
       LoadCopyPass(src, row_bytes, base, v);
       StoreCopyPass(dst, row_bytes, base, v);
     }
-    __syncwarp();
+    gpu::WarpSync();
     if (lane == 0) {
       FenceSys();
       if (peer == nullptr) {
@@ -83,8 +83,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
         // writes measured in bench/RESULTS.md). The warp that stages the block's last row sends it; the acquire
         // of its count makes the other warps' fenced rows part of what its command releases.
         uint64_t* staged = c.proxy_blocks + int64_t{half} * E + q;
-        uint64_t before;
-        asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(before) : "l"(staged) : "memory");
+        const uint64_t before = gpu::FetchAddAcqRelGpu(staged);
         if (before + 1 == static_cast<uint64_t>(cnt[q])) {
           *staged = 0;  // the next combine on this half is a later launch (stream order)
           PushCmd(c, d,
@@ -188,7 +187,7 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
           const bool same_rank = q[j] != kNoKey && (q[j] >> 16) == (key >> 16);
           before += same_rank && (q[j] < key || (q[j] == key && earlier)) ? 1 : 0;
         }
-        const int r = __reduce_add_sync(kFull, before);
+        const int r = gpu::WarpSum(before);
         if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
       }
     }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/cuda/ll_kernels.h"
+#include "runtime/protocol/gpu_port.h"
 #include "runtime/protocol/signal.h"
 #include "runtime/protocol/sys_order.h"
 
@@ -18,17 +19,12 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kK = protocol::kMaxTopK;
 constexpr int kChunk = 512;    // channels per dispatch work item: 16 per lane
 constexpr int kCopyRegs = 16;  // 16-byte registers per lane a warp copy keeps in flight: 8 KiB per warp pass
-constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // ------------------------------------------------------------------------------------------ memory model
 
 // Signal words: protocol::LoadAcquireSys / StoreReleaseSys (runtime/protocol/sys_order.h).
-__device__ __forceinline__ void FenceSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-__device__ __forceinline__ uint64_t NowNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ __forceinline__ void FenceSys() { gpu::FenceAcqRelSys(); }
+__device__ __forceinline__ uint64_t NowNs() { return gpu::GlobalTimerNs(); }
 __device__ __forceinline__ uint4 Ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ void St16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
 
@@ -41,7 +37,7 @@ __device__ __forceinline__ uint8_t* LanePeer(const LlDeviceContext& c) {
 }
 __device__ __forceinline__ uint8_t* PeerBase(const LlDeviceContext& c, uint8_t* lane_peer, int r) {
   if (c.layout.shape.num_ranks > 32) return c.peers[r];
-  return reinterpret_cast<uint8_t*>(__shfl_sync(0xFFFFFFFFu, reinterpret_cast<unsigned long long>(lane_peer), r));
+  return reinterpret_cast<uint8_t*>(gpu::WarpShfl(reinterpret_cast<unsigned long long>(lane_peer), r));
 }
 
 /// Diagnostic timeline stamp (ll_kernels.h TracePoint) by the calling thread; one predictable branch when off.
@@ -159,13 +155,13 @@ __device__ void PushCmdWarp(const LlDeviceContext& c, int dst, const protocol::F
                             uint32_t seq) {
   const protocol::FifoRingHandle* h = active ? &c.fifos[dst] : nullptr;
   const unsigned long long ring = active ? reinterpret_cast<unsigned long long>(h->ring) : 0ull;
-  for (unsigned pending = __ballot_sync(kFull, active); pending != 0;) {
-    const unsigned long long group = __shfl_sync(kFull, ring, __ffs(pending) - 1);
+  for (unsigned pending = gpu::WarpBallot(active); pending != 0;) {
+    const unsigned long long group = gpu::WarpShfl(ring, __ffs(pending) - 1);
     const bool mine = active && ring == group && ((pending >> (threadIdx.x % 32)) & 1u);
     const protocol::FifoRingHandle handle = mine ? *h : protocol::FifoRingHandle{};
     if (!protocol::FifoPushWarp(handle, cmd, mine) && mine)
       RecordError(c, protocol::kDeviceProxyFailed, op, dst, seq, 0);
-    pending &= ~__ballot_sync(kFull, mine);
+    pending &= ~gpu::WarpBallot(mine);
   }
 }
 
@@ -274,7 +270,7 @@ __device__ uint32_t AgreeOnSource(const LlDeviceContext& c, LlOp op, int half, i
   unsigned long long* v =
       c.verdicts + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + src;
   const unsigned long long proposal = protocol::PackSignal(seq, mine);
-  unsigned long long seen = __ldcg(v);
+  unsigned long long seen = gpu::LoadCg(v);
   while (protocol::SignalSeq(seen) != seq) {
     const unsigned long long prev = atomicCAS(v, seen, proposal);
     if (prev == seen) {
@@ -379,9 +375,7 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
   uint64_t* ctr = c.done + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + dst;
   const uint64_t t0 = NowNs();
   for (uint32_t spin = 0;; ++spin) {
-    uint64_t v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
-    if (v == n) break;
+    if (gpu::LoadAcquireGpu(ctr) == n) break;
     if ((spin & 255u) == 255u && (Aborted(c) || NowNs() - t0 > c.timeout_ns)) {
       RecordError(c, protocol::kDeviceTimeout, op, c.rank, seq, -1);  // local: a CTA of this launch never finished
       return;

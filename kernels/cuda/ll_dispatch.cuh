@@ -89,7 +89,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
           }
         });
       }
-      const int tokens = __popc(__ballot_sync(kFull, hit_any));
+      const int tokens = __popc(gpu::WarpBallot(hit_any));
       if (lane == 0 && tokens > 0) atomicAdd(&sh->tokens_to_dst[k_dst], tokens);
     }
     __syncthreads();
@@ -101,7 +101,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     for (int i = tid; i < E_loc; i += kThreads) remote_counts[i] = static_cast<uint32_t>(counts[i]);
     if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
       for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
-        const unsigned v = __reduce_add_sync(kFull, i0 + lane < E_loc ? static_cast<unsigned>(counts[i0 + lane]) : 0u);
+        const unsigned v = gpu::WarpSum(i0 + lane < E_loc ? static_cast<unsigned>(counts[i0 + lane]) : 0u);
         if (lane == 0 && v != 0) AddMetric(c, c.metrics_layout.sent_selections(d), v);
       }
     }
@@ -324,18 +324,18 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     LoadCopyPass(payload + lo, seg_bytes, 0, v);
     float sc[4];
     if (scale_item) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
-    const int src_token = static_cast<int>(__shfl_sync(kFull, word, 0));
-    const uint32_t w1 = __shfl_sync(kFull, word, 1);
+    const int src_token = static_cast<int>(gpu::WarpShfl(word, 0));
+    const uint32_t w1 = gpu::WarpShfl(word, 1);
     const int num_sel = static_cast<int>(w1 & 0xFFFF);
-    const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && __shfl_sync(kFull, word, 2) == seq &&
-                    ((__shfl_sync(kFull, word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 &&
-                    num_sel <= kK && src_token >= 0 && src_token < T;
+    const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && gpu::WarpShfl(word, 2) == seq &&
+                    ((gpu::WarpShfl(word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 && num_sel <= kK &&
+                    src_token >= 0 && src_token < T;
     if (!ok) {
       if (lane == 0 && lead) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
       continue;
     }
     // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
-    const uint32_t sel = __shfl_sync(kFull, word, (4 + lane) & 31);
+    const uint32_t sel = gpu::WarpShfl(word, (4 + lane) & 31);
     int64_t my_row = -1, my_rr = 0;
     int my_le = 0;
     bool bad = false;
@@ -349,15 +349,15 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
         if (lead) p.src_info[my_row] = src_token;
       }
     }
-    if (__any_sync(kFull, bad) && lane == 0 && lead) {
+    if (gpu::WarpAny(bad) && lane == 0 && lead) {
       RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
     }
-    const unsigned targets = __ballot_sync(kFull, my_row >= 0);
+    const unsigned targets = gpu::WarpBallot(my_row >= 0);
     // The segment goes through registers: loaded once per pass, stored to every selection's row.
     for (int64_t base = 0; base < seg_bytes; base += kCopyPassBytes) {
       if (base > 0) LoadCopyPass(payload + lo, seg_bytes, base, v);
       for (unsigned t = targets; t != 0; t &= t - 1) {
-        const int64_t row = __shfl_sync(kFull, my_row, __ffs(t) - 1);
+        const int64_t row = gpu::WarpShfl(my_row, __ffs(t) - 1);
         StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, base, v);
       }
     }
@@ -371,8 +371,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       for (int b = 0; b < 4 && p.mode.use_ue8m0; ++b) packed |= uint32_t{Ue8m0FromScaleInv(sc[b])} << (8 * b);
       for (unsigned t = targets; t != 0; t &= t - 1) {
         const int i_sel = __ffs(t) - 1;
-        const int le = __shfl_sync(kFull, my_le, i_sel);
-        const int64_t rr = __shfl_sync(kFull, my_rr, i_sel);
+        const int le = gpu::WarpShfl(my_le, i_sel);
+        const int64_t rr = gpu::WarpShfl(my_rr, i_sel);
         if (p.mode.use_ue8m0) {
           const int q = g0 / 4 + lane;
           if (q < num_packed)

@@ -28,10 +28,9 @@
 // Files (one translation unit): ll_device_common.cuh (constants, memory model, errors, proxy pushes, metrics stamps,
 // signal waits and publishing), ll_call_gate.cuh (the graph-safe call state, read while a phase's first work runs),
 // ll_routing.cuh (topk validation, token plans, scans, FP8 encoder), ll_dispatch.cuh and ll_combine.cuh (the phases),
-// and this file (the two kernels, the launchers).
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-
+// and this file (the two kernels, the launchers). The same sources build for AMD GPUs with hipcc (LLEP_GPU=hip):
+// runtime/protocol/gpu_port.h maps the device intrinsics, runtime/protocol/gpu_api.h the runtime API;
+// kernels/HIP_PORT.md.
 #include "kernels/cuda/ll_call_gate.cuh"
 #include "kernels/cuda/ll_combine.cuh"
 #include "kernels/cuda/ll_device_common.cuh"
@@ -107,16 +106,28 @@ int64_t CombineSharedBytes(const protocol::LlShape& s) {
   return protocol::AlignUp(send > recv ? send : recv, 16);
 }
 
+#if defined(LLEP_GPU_HIP)
+// HIP's kernel-attribute calls take the kernel as an untyped pointer.
+#define LLEP_KERNEL_ARG(k) reinterpret_cast<const void*>(k)
+#define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaFuncGetAttributes hipFuncGetAttributes
+#define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#else
+#define LLEP_KERNEL_ARG(k) k
+#endif
+
 cudaError_t ConfigureLlKernels(int64_t bytes) {
-  cudaError_t e = cudaFuncSetAttribute(dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  cudaError_t e = cudaFuncSetAttribute(LLEP_KERNEL_ARG(dispatch), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes));
   if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return cudaFuncSetAttribute(LLEP_KERNEL_ARG(combine), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
 cudaError_t LlKernelsStaticSharedBytes(int64_t* bytes) {
   cudaFuncAttributes d{}, c{};
-  cudaError_t e = cudaFuncGetAttributes(&d, dispatch);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&c, combine);
+  cudaError_t e = cudaFuncGetAttributes(&d, LLEP_KERNEL_ARG(dispatch));
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&c, LLEP_KERNEL_ARG(combine));
   *bytes = static_cast<int64_t>(d.sharedSizeBytes > c.sharedSizeBytes ? d.sharedSizeBytes : c.sharedSizeBytes);
   return e;
 }
@@ -131,6 +142,18 @@ namespace {
 template <typename Params>
 cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase, const LaunchConfig& cfg,
                      int64_t shared_bytes, cudaStream_t stream) {
+#if defined(LLEP_GPU_HIP)
+  // HIP 5.2 has no launch-attribute API: the cooperative launch is its own call.
+  int phase_arg = static_cast<int>(phase);
+  void* args[] = {const_cast<Params*>(&p), &phase_arg};
+  const dim3 grid(static_cast<unsigned>(cfg.num_ctas)), block(kThreads);
+  if ((phase & kPhaseSend) != 0) {
+    return hipLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, block, args,
+                                      static_cast<unsigned>(shared_bytes), stream);
+  }
+  return hipLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, args, static_cast<size_t>(shared_bytes),
+                         stream);
+#else
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cfg.num_ctas));
   config.blockDim = dim3(kThreads);
@@ -142,6 +165,7 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase
   config.attrs = attr;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, p, static_cast<int>(phase));
+#endif
 }
 
 }  // namespace

@@ -26,12 +26,11 @@
 // timeout or a sequence overrun leaves the protocol state unknown and the host refuses further calls.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 
 #include "runtime/protocol/device_error.h"
 #include "runtime/protocol/fifo_ring.h"
+#include "runtime/protocol/gpu_api.h"
 #include "runtime/protocol/ll_call.h"
 #include "runtime/protocol/ll_layout.h"
 #include "runtime/protocol/metrics_layout.h"

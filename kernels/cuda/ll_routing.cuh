@@ -7,6 +7,11 @@
 
 #include "kernels/codec/fp8.h"
 #include "kernels/cuda/ll_device_common.cuh"
+#include "runtime/protocol/gpu_port.h"
+
+#if defined(LLEP_GPU_CUDA)
+#include <cuda_fp8.h>  // the e4m3 conversion instruction (EncodeFp8x16)
+#endif
 
 namespace llep::kernels::cuda {
 namespace {
@@ -41,7 +46,7 @@ __device__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, in
   const int id = InRangeId(c, v, op, seq);
   bool repeated = false;
   for (int j = 0; j < K - 1; ++j) {
-    const int other = __shfl_sync(kFull, id, j);
+    const int other = gpu::WarpShfl(id, j);
     repeated |= j < lane && id >= 0 && other == id;
   }
   return UnlessRepeated(c, id, repeated, v, op, seq);
@@ -169,8 +174,8 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
           same_expert |= q[j] == key;
           same_rank |= q[j] != kNoKey && (q[j] >> 16) == (key >> 16);
         }
-        const int r = __reduce_add_sync(kFull, earlier && same_expert && key != kNoKey ? 1 : 0);
-        const int s = __reduce_add_sync(kFull, earlier && same_rank ? 1 : 0);
+        const int r = gpu::WarpSum(earlier && same_expert && key != kNoKey ? 1 : 0);
+        const int s = gpu::WarpSum(earlier && same_rank ? 1 : 0);
         if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
         if (lane == 0 && s != 0) atomicAdd(&sc->slot[w][k], s);
       }
@@ -180,8 +185,8 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
   if (warp < n) {
     const uint32_t key = lane < kK ? sc->key[warp][lane] : kNoKey;
     const int dst = key == kNoKey ? -1 : static_cast<int>(key >> 16);
-    const unsigned same_rank = __match_any_sync(kFull, dst);
-    const unsigned opens = __ballot_sync(kFull, dst >= 0 && __ffs(same_rank) - 1 == lane);
+    const unsigned same_rank = gpu::WarpMatchAny(dst);
+    const unsigned opens = gpu::WarpBallot(dst >= 0 && __ffs(same_rank) - 1 == lane);
     if (lane < kK) {
       out[warp].row[lane] = sc->row[warp][lane];
       out[warp].slot[lane] = sc->slot[warp][lane];
@@ -211,7 +216,7 @@ __device__ int BlockExclusiveScan(int* a, int n, int* warp_sums) {
   for (int i = lo; i < hi; ++i) s += a[i];
   int x = s;
   for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(kFull, x, o);
+    const int y = gpu::WarpShflUp(x, o);
     if (lane >= o) x += y;
   }
   if (lane == 31) warp_sums[warp] = x;
@@ -219,7 +224,7 @@ __device__ int BlockExclusiveScan(int* a, int n, int* warp_sums) {
   if (warp == 0) {
     int w = lane < kWarps ? warp_sums[lane] : 0;
     for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(kFull, w, o);
+      const int y = gpu::WarpShflUp(w, o);
       if (lane >= o) w += y;
     }
     if (lane < kWarps) warp_sums[lane] = w;
@@ -267,10 +272,21 @@ __device__ __forceinline__ uint4 EncodeFp8x16(const uint4& a, const uint4& b, bo
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  for (int m = 4; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, m));
+  for (int m = 4; m > 0; m >>= 1) amax = fmaxf(amax, gpu::WarpShflXor(amax, m));
   const Fp8Scale s = ComputeFp8Scale(amax, round_scale);
   *scale_inv = s.scale_inv;
   uint32_t out[4];
+#if defined(LLEP_GPU_HIP)
+  // No e4m3fn conversion instruction on CDNA (CDNA3's converts e4m3fnuz): the host codec's arithmetic, which the
+  // CUDA conversion matches bit for bit (kernels/codec/fp8.h). The wire stays e4m3fn (kernels/HIP_PORT.md).
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) word |= uint32_t{FloatToE4m3(v[4 * i + b] * s.scale)} << (8 * b);
+    out[i] = word;
+  }
+#else
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const __nv_fp8x2_storage_t lo =
@@ -279,6 +295,7 @@ __device__ __forceinline__ uint4 EncodeFp8x16(const uint4& a, const uint4& b, bo
         make_float2(v[4 * i + 2] * s.scale, v[4 * i + 3] * s.scale), __NV_SATFINITE, __NV_E4M3);
     out[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
   }
+#endif
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 

@@ -52,8 +52,13 @@ void AccumulatePortable(float* acc, const uint16_t* row, float w, int n) {
 #if defined(__x86_64__) && defined(__GNUC__)
 // 8-wide vfmadd instead of a libm call per element: 50x on the combine inner loop (bench/RESULTS.md,
 // codec_bench BM_CombineAccumulateRow/7168: 19.5 us -> 0.39 us per row).
-__attribute__((target("avx2,fma"), optimize("tree-vectorize"))) void AccumulateAvx2(float* acc, const uint16_t* row,
-                                                                                    float w, int n) {
+// (clang, in the LLEP_GPU=hip build, vectorizes it at -O2 and has no optimize attribute.)
+#if defined(__clang__)
+__attribute__((target("avx2,fma")))
+#else
+__attribute__((target("avx2,fma"), optimize("tree-vectorize")))
+#endif
+void AccumulateAvx2(float* acc, const uint16_t* row, float w, int n) {
   for (int c = 0; c < n; ++c) acc[c] = __builtin_fmaf(BitsToFloat(uint32_t{row[c]} << 16), w, acc[c]);
 }
 #endif

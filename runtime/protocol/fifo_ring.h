@@ -9,7 +9,8 @@
 // writes to ring memory. Publishing: on the CPU, w0 then a release store of w1; on the GPU, one 16-byte
 // st.release.sys.v2.u64 of both words (one PCIe write per command, the slot is 16-byte aligned so it never
 // straddles a write boundary; the release orders everything the thread, and through a preceding CTA barrier its
-// CTA, wrote before, so staged payloads are visible before the command).
+// CTA, wrote before, so staged payloads are visible before the command); on an AMD GPU, as on the CPU, w0 then a
+// system-scope release store of w1 (HIP has no 16-byte release store).
 // GPU producers that push several commands at once use FifoPushWarp: one claim atomic per warp and one release store
 // instruction for all lanes (measured in bench/fifo_gpu_bench.cu and bench/RESULTS.md).
 #pragma once
@@ -19,6 +20,10 @@
 #include "runtime/protocol/fifo_cmd.h"
 #include "runtime/protocol/hd.h"
 #include "runtime/protocol/sys_order.h"
+
+#if defined(__CUDACC__) || defined(__HIP__)
+#include "runtime/protocol/gpu_port.h"
+#endif
 
 namespace llep::protocol {
 
@@ -55,15 +60,31 @@ __device__ __forceinline__ void FifoPublish(FifoCmd* slot, uint64_t w0, uint64_t
   asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(w0), "l"(w1) : "memory");
 }
 #else
-inline void FifoStoreRelaxed(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-inline uint64_t FifoClaim(uint64_t* head) { return __atomic_fetch_add(head, 1, __ATOMIC_RELAXED); }
-inline uint64_t FifoLoadRelaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-inline void FifoBackoff() {
+#if defined(__HIP__)
+__device__ __forceinline__ void FifoStoreRelaxed(uint64_t* p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ uint64_t FifoClaim(uint64_t* head) {
+  return atomicAdd(reinterpret_cast<unsigned long long*>(head), 1ull);
+}
+__device__ __forceinline__ uint64_t FifoLoadRelaxed(const uint64_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ void FifoBackoff() { gpu::SleepNs(64); }
+__device__ __forceinline__ void FifoPublish(FifoCmd* slot, uint64_t w0, uint64_t w1) {
+  FifoStoreRelaxed(&slot->w0, w0);
+  StoreReleaseSys(&slot->w1, w1);  // pairs with the consumer's acquire load of w1
+}
+#endif
+LLEP_CPU void FifoStoreRelaxed(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+LLEP_CPU uint64_t FifoClaim(uint64_t* head) { return __atomic_fetch_add(head, 1, __ATOMIC_RELAXED); }
+LLEP_CPU uint64_t FifoLoadRelaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+LLEP_CPU void FifoBackoff() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
-inline void FifoPublish(FifoCmd* slot, uint64_t w0, uint64_t w1) {
+LLEP_CPU void FifoPublish(FifoCmd* slot, uint64_t w0, uint64_t w1) {
   __atomic_store_n(&slot->w0, w0, __ATOMIC_RELAXED);
   StoreReleaseSys(&slot->w1, w1);  // pairs with the consumer's acquire load of w1
 }
@@ -92,16 +113,16 @@ LLEP_HD bool FifoPush(const FifoRingHandle& f, FifoCmd cmd) {
   return true;
 }
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(__HIP__)
 /// Warp-collective push (every lane of the warp calls it; the warp must be converged): each lane with `active`
 /// pushes `cmd`. One lane claims all the warp's slots with one atomic and waits for space (so at most one lane per
 /// warp polls the host tail), then every active lane publishes its slot; commands keep lane order. Returns false on
 /// every lane if the abort flag was raised while waiting (no slot is published then; the ring must be torn down).
 /// With fewer than size / 32 producer warps per ring a claim never waits on itself.
 __device__ __forceinline__ bool FifoPushWarp(const FifoRingHandle& f, FifoCmd cmd, bool active) {
-  const unsigned mask = __ballot_sync(0xFFFFFFFFu, active);
+  const unsigned mask = gpu::WarpBallot(active);
   if (mask == 0) return true;
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int lane = gpu::WarpLane();
   const int leader = __ffs(mask) - 1;
   const uint32_t n = static_cast<uint32_t>(__popc(mask));
   unsigned long long base = 0;
@@ -110,8 +131,8 @@ __device__ __forceinline__ bool FifoPushWarp(const FifoRingHandle& f, FifoCmd cm
     base = atomicAdd(reinterpret_cast<unsigned long long*>(f.head), static_cast<unsigned long long>(n));
     ok = FifoWaitForSpace(f, base, n) ? 1 : 0;
   }
-  base = __shfl_sync(0xFFFFFFFFu, base, leader);
-  ok = __shfl_sync(0xFFFFFFFFu, ok, leader);
+  base = gpu::WarpShfl(base, leader);
+  ok = gpu::WarpShfl(ok, leader);
   if (!ok) return false;
   if (active) {
     const uint64_t idx = base + static_cast<uint64_t>(__popc(mask & ((1u << lane) - 1u)));

@@ -1,13 +1,27 @@
 // LLEP_HD marks functions callable from host and device code. Protocol headers use it so the CUDA kernels,
-// the CPU backend and the proxy compile the same definitions. This header depends on nothing but <cstdint>.
+// the CPU backend and the proxy compile the same definitions. This header depends on nothing but <cstdint> (and, when
+// compiling HIP, the HIP runtime header that defines the attributes).
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__HIP__)
+#include <hip/hip_runtime.h>  // HIP's __host__ / __device__ / __forceinline__ (nvcc defines CUDA's itself)
+#endif
+
+#if defined(__CUDACC__) || defined(__HIP__)
 #define LLEP_HD __host__ __device__ __forceinline__
 #else
 #define LLEP_HD inline
+#endif
+
+// LLEP_CPU marks the CPU definition of a function that also has a device definition (sys_order.h, fifo_ring.h). CUDA
+// picks one per pass with __CUDA_ARCH__; HIP's clang resolves a device function's calls in the host pass too, so
+// there both are declared, as host and device overloads.
+#if defined(__HIP__)
+#define LLEP_CPU __host__ inline
+#else
+#define LLEP_CPU inline
 #endif
 
 namespace llep::protocol {

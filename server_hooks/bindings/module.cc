@@ -1,4 +1,5 @@
-// The native module llep._llep: layout queries, the CPU backend binding and the error classes.
+// The native module llep._llep (llep._llep_hip in the LLEP_GPU=hip build): layout queries, the CPU backend binding,
+// the GPU backend binding when built, and the error classes.
 #include <pybind11/pybind11.h>
 
 #include "runtime/base/env.h"
@@ -8,12 +9,16 @@
 
 namespace llep::bindings {
 void BindCpuBuffer(pybind11::module_& m);
-#ifdef LLEP_HAVE_CUDA
+#ifdef LLEP_HAVE_GPU
 void BindGpuBuffer(pybind11::module_& m);
 #endif
 }  // namespace llep::bindings
 
-PYBIND11_MODULE(_llep, m) {
+#ifndef LLEP_MODULE_NAME
+#define LLEP_MODULE_NAME _llep
+#endif
+
+PYBIND11_MODULE(LLEP_MODULE_NAME, m) {
   namespace py = pybind11;
   m.doc() = "llep native module (torch-independent: tensors cross as addresses and shapes)";
   llep::bindings::RegisterExceptions(m);
@@ -59,10 +64,13 @@ PYBIND11_MODULE(_llep, m) {
     return names;
   }();
   llep::bindings::BindCpuBuffer(m);
-#ifdef LLEP_HAVE_CUDA
+  // HAVE_CUDA: a GPU backend for torch's "cuda" device, which a ROCm torch also calls "cuda"; GPU_PLATFORM says whose.
+#ifdef LLEP_HAVE_GPU
   llep::bindings::BindGpuBuffer(m);
   m.attr("HAVE_CUDA") = true;
+  m.attr("GPU_PLATFORM") = LLEP_GPU_PLATFORM;
 #else
   m.attr("HAVE_CUDA") = false;
+  m.attr("GPU_PLATFORM") = "none";
 #endif
 }
