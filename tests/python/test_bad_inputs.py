@@ -133,6 +133,8 @@ def _three_in_flight(c: Ctx) -> None:
 def _after_three_in_flight(c: Ctx) -> None:
     """Receive both, then combine the second: the next dispatch reuses its region only after another send+receive."""
     c.run_pending()
+    if c.last is None:  # the row's call failed before its second dispatch: its problem says how; nothing to combine
+        return
     recv, handle, _ = c.last
     c.buf.low_latency_combine(recv, c.topk, c.w, handle)
 
