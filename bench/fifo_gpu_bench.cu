@@ -2,8 +2,6 @@
 // mapped host memory while one host thread consumes (the proxy's pop path, no network); and a ping-pong where
 // one warp pushes, the host pops and acknowledges through mapped memory, giving push-to-pop latency as half the
 // round trip. Prints a table; run on the GPU machine.
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,6 +12,8 @@
 
 #include "proxy/fifo_consumer.h"
 #include "runtime/cuda_fifo_ring.h"
+#include "runtime/protocol/gpu_api.h"
+#include "runtime/protocol/gpu_port.h"
 
 namespace llep {
 namespace {
@@ -56,11 +56,7 @@ __global__ void FloodRingsKernel(const protocol::FifoRingHandle* rings, int num_
   }
 }
 
-__device__ uint64_t GlobalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ uint64_t GlobalTimer() { return llep::gpu::GlobalTimerNs(); }
 
 __global__ void PingKernel(protocol::FifoRingHandle ring, const volatile uint64_t* ack, int rounds, uint64_t* ns) {
   if (threadIdx.x != 0) return;  // one producer: every round is exactly one command and one ack
@@ -153,7 +149,7 @@ int Main() {
         }
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         CHECK_CUDA(cudaDeviceSynchronize());
-        cudaFree(d_handles);
+        (void)cudaFree(d_handles);
         const int64_t total = int64_t{blocks} * warps * per_warp;
         if (timed_out || total_got.load() != total) {
           std::printf("%-8s %-6d %4d x %-19d timed out: %lld of %lld\n", batched ? "warp" : "lane0", num_rings, blocks,
@@ -202,8 +198,8 @@ int Main() {
       "\nping-pong GPU push -> host pop -> GPU sees ack (%d rounds): round trip median %.2f us, p99 %.2f us;"
       " push-to-pop <= %.2f us median\n",
       kRounds, q(0.5), q(0.99), q(0.5) / 2);
-  cudaFree(d_ns);
-  cudaFreeHost(ack);
+  (void)cudaFree(d_ns);
+  (void)cudaFreeHost(ack);
   return 0;
 }
 

@@ -21,6 +21,7 @@
 #define cudaDeviceGetPCIBusId                   hipDeviceGetPCIBusId
 #define cudaDeviceSynchronize                   hipDeviceSynchronize
 #define cudaErrorCooperativeLaunchTooLarge      hipErrorCooperativeLaunchTooLarge
+#define cudaErrorNotReady                       hipErrorNotReady
 #define cudaError_t                             hipError_t
 #define cudaFree                                hipFree
 #define cudaFreeHost                            hipHostFree
@@ -56,6 +57,7 @@
 #define cudaStreamCreateWithFlags               hipStreamCreateWithFlags
 #define cudaStreamDestroy                       hipStreamDestroy
 #define cudaStreamIsCapturing                   hipStreamIsCapturing
+#define cudaStreamQuery                         hipStreamQuery
 #define cudaStreamNonBlocking                   hipStreamNonBlocking
 #define cudaStreamSynchronize                   hipStreamSynchronize
 #define cudaStream_t                            hipStream_t
