@@ -156,7 +156,7 @@ absl::StatusOr<std::vector<uint64_t>> GpuBuffer::MetricsSnapshot() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
   cudaError_t e = cudaMemcpyAsync(h_metrics_, d_metrics_, bytes, cudaMemcpyDeviceToHost, metrics_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(metrics_stream_);
-  cudaThreadExchangeStreamCaptureMode(&mode);  // restores the caller's mode
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);  // restores the caller's mode
   LLEP_RETURN_IF_ERROR(CudaStatus(e, "copying the metrics counters"));
   out.assign(h_metrics_, h_metrics_ + metrics_layout_.num_words());
   return out;
@@ -257,7 +257,7 @@ absl::Status GpuBuffer::Close() {
     if (closed_) return absl::OkStatus();
     closed_ = true;
   }
-  cudaSetDevice(device_);
+  (void)cudaSetDevice(device_);
   absl::Status s = CudaStatus(cudaDeviceSynchronize(), "synchronising before close");
   // No peer may still write into a region that is about to be freed. A masked rank may be gone: no barrier then.
   bool any_masked = false;

@@ -44,7 +44,7 @@ constexpr uint32_t kRegionBlobMagic = 0x4C4C4550;  // "LLEP"
 bool CanReach(int device, const char* bus_id) {
   int peer = -1;
   if (cudaDeviceGetByPCIBusId(&peer, bus_id) != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     return true;
   }
   if (peer == device) return true;
@@ -433,9 +433,9 @@ absl::Status GpuBuffer::StartProxy(std::vector<std::unique_ptr<proxy::Transport>
 proxy::ProxyStats GpuBuffer::proxy_stats() const { return proxy_ ? proxy_->stats() : proxy::ProxyStats{}; }
 
 void GpuBuffer::Release() {
-  if (device_ >= 0) cudaSetDevice(device_);
+  if (device_ >= 0) (void)cudaSetDevice(device_);
   for (int r = 0; r < static_cast<int>(peer_bases_.size()); ++r) {
-    if (r != rank_ && peer_bases_[r] != nullptr) cudaIpcCloseMemHandle(peer_bases_[r]);
+    if (r != rank_ && peer_bases_[r] != nullptr) (void)cudaIpcCloseMemHandle(peer_bases_[r]);
   }
   peer_bases_.clear();
   // The proxy threads stop before their rings and region go away. One wedged inside its transport (a peer died in
@@ -446,26 +446,26 @@ void GpuBuffer::Release() {
   }
   proxy_.reset();
   rings_.clear();
-  if (d_fifos_ != nullptr) cudaFree(d_fifos_);
-  if (h_proxy_region_ != nullptr) cudaFreeHost(h_proxy_region_);
+  if (d_fifos_ != nullptr) (void)cudaFree(d_fifos_);
+  if (h_proxy_region_ != nullptr) (void)cudaFreeHost(h_proxy_region_);
   d_fifos_ = nullptr;
   h_proxy_region_ = nullptr;
   d_proxy_region_ = nullptr;
-  if (d_peers_ != nullptr) cudaFree(d_peers_);
-  if (d_workspace_ != nullptr) cudaFree(d_workspace_);
-  if (region_ != nullptr) cudaFree(region_);
-  if (h_error_ != nullptr) cudaFreeHost(h_error_);
-  if (d_trace_ != nullptr) cudaFree(d_trace_);
-  if (d_stamps_ != nullptr) cudaFree(d_stamps_);
-  if (d_shrink_ != nullptr) cudaFree(d_shrink_);
-  if (h_mask_values_ != nullptr) cudaFreeHost(h_mask_values_);
+  if (d_peers_ != nullptr) (void)cudaFree(d_peers_);
+  if (d_workspace_ != nullptr) (void)cudaFree(d_workspace_);
+  if (region_ != nullptr) (void)cudaFree(region_);
+  if (h_error_ != nullptr) (void)cudaFreeHost(h_error_);
+  if (d_trace_ != nullptr) (void)cudaFree(d_trace_);
+  if (d_stamps_ != nullptr) (void)cudaFree(d_stamps_);
+  if (d_shrink_ != nullptr) (void)cudaFree(d_shrink_);
+  if (h_mask_values_ != nullptr) (void)cudaFreeHost(h_mask_values_);
   d_shrink_ = nullptr;
   h_mask_values_ = nullptr;
   {
     absl::MutexLock lock(&metrics_mu_);  // a snapshot in progress finishes first
-    if (d_metrics_ != nullptr) cudaFree(d_metrics_);
-    if (metrics_stream_ != nullptr) cudaStreamDestroy(metrics_stream_);
-    if (h_metrics_ != nullptr) cudaFreeHost(h_metrics_);
+    if (d_metrics_ != nullptr) (void)cudaFree(d_metrics_);
+    if (metrics_stream_ != nullptr) (void)cudaStreamDestroy(metrics_stream_);
+    if (h_metrics_ != nullptr) (void)cudaFreeHost(h_metrics_);
     metrics_stream_ = nullptr;
     h_metrics_ = nullptr;
   }

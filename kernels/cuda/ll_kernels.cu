@@ -107,11 +107,8 @@ int64_t CombineSharedBytes(const protocol::LlShape& s) {
 }
 
 #if defined(LLEP_GPU_HIP)
-// HIP's kernel-attribute calls take the kernel as an untyped pointer.
+// HIP's kernel-attribute calls take the kernel as an untyped pointer (CUDA's are templates over its type).
 #define LLEP_KERNEL_ARG(k) reinterpret_cast<const void*>(k)
-#define cudaFuncSetAttribute hipFuncSetAttribute
-#define cudaFuncGetAttributes hipFuncGetAttributes
-#define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #else
 #define LLEP_KERNEL_ARG(k) k
 #endif

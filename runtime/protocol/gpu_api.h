@@ -5,8 +5,7 @@
 // The names are mapped, not wrapped: HIP's runtime API has the CUDA one's shape call for call for everything here
 // (same arguments, same error-code convention), so host code stays one source that reads as the CUDA it is on
 // NVIDIA. The list is exactly what llep calls; a CUDA name missing from it fails the HIP build (CI builds it), which
-// is where a new call gets its HIP counterpart. Launches and kernel attributes differ and live in
-// kernels/cuda/ll_kernels.cu.
+// is where a new call gets its HIP counterpart. Launches differ and live in kernels/cuda/ll_kernels.cu.
 #pragma once
 
 #if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
@@ -25,6 +24,9 @@
 #define cudaError_t                             hipError_t
 #define cudaFree                                hipFree
 #define cudaFreeHost                            hipHostFree
+#define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#define cudaFuncGetAttributes                   hipFuncGetAttributes
+#define cudaFuncSetAttribute                    hipFuncSetAttribute
 #define cudaFuncAttributes                      hipFuncAttributes
 #define cudaGetDevice                           hipGetDevice
 #define cudaGetDeviceCount                      hipGetDeviceCount
