@@ -8,15 +8,19 @@
 // by the same launch. GPU memory is never registered with the NIC today (host-staged path; dma-buf is the next step).
 //
 // Calls are stream-ordered and never synchronise with the device: a send returns once its kernel is queued. The
-// kernels report bad input, protocol inconsistencies and silent peers through a record in mapped host memory;
-// every call first reads it (one host load) and turns an error into a Status:
+// kernels report bad input, protocol inconsistencies and silent peers through records in mapped host memory
+// (protocol::DeviceErrorRecords, one per severity), turned into a Status:
 //   - InvalidArgument for bad topk_idx / layout_range (the kernels treated them as "no expert" / "no rows"; the
-//     buffer stays usable and the record is cleared),
-//   - DeadlineExceeded / DataLoss for a peer that did not answer in time or a sequence overrun (sticky: the
-//     protocol state is unknown, every later call fails until every rank calls Clean(), which resets it; with
+//     buffer stays usable): raised by CheckErrors() only, which clears the record. The next call logs it once but
+//     does not raise it: whether the kernel that recorded it has finished when the host makes that call is timing,
+//     so ranks given the same bad input would raise at different calls, make different call sequences and time
+//     each other out (the GPU bad-input catalogue did, bench/RESULTS.md session 15). The operation it concerns
+//     already completed consistently on every rank; raising later would only break the collective.
+//   - DeadlineExceeded / DataLoss / FailedPrecondition for a peer that did not answer in time, a sequence overrun or
+//     a broken call-order rule: raised by every later call and by CheckErrors() (sticky: the device already refuses
+//     every launch, so raising cannot desynchronise anything; every rank calls Clean() to reset it; with
 //     options.shrink a silent peer is masked instead).
-// Because errors surface on the next call (or CheckErrors()), a caller that must know a specific call's outcome
-// synchronises its stream and calls CheckErrors().
+// A caller that must know a specific call's outcome synchronises its stream and calls CheckErrors().
 //
 // Graph safety: the kernels number the operations and pick the buffer half themselves (ll_kernels.h LlCallState), so
 // any mix of eager calls and replays of captured graphs (any number of calls per graph, several graphs of different
@@ -163,7 +167,9 @@ class GpuBuffer {
                              std::vector<std::string>* blobs);
   /// Connected transports → running proxy threads, and the device's per-peer ring table.
   absl::Status StartProxy(std::vector<std::unique_ptr<proxy::Transport>> transports, int spin);
-  absl::Status CheckErrorsLocked(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// The kernels' error records as a Status: a fatal error always (sticky); a recoverable one only when
+  /// raise_recoverable (CheckErrors), else logged once and kept for CheckErrors (file comment).
+  absl::Status CheckErrorsLocked(cudaStream_t stream, bool raise_recoverable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Clears the device's error claim after a recoverable error, on `stream` unless it is being captured.
   absl::Status RearmErrorRecord(cudaStream_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Queues an operation's send phase (or both phases) under the next sequence number.
@@ -187,12 +193,12 @@ class GpuBuffer {
   protocol::FifoRingHandle* d_fifos_ = nullptr;       // device [R]: ring serving each proxy peer
   proxy::ProxyPtr proxy_;
   std::string transport_name_;
-  absl::StatusOr<base::Options> env_;               // LLEP_* options, read once by Exchange
-  uint64_t* d_workspace_ = nullptr;                 // completion counters + flags (ll_kernels.h LlDeviceContext)
-  protocol::DeviceErrorRecord* h_error_ = nullptr;  // mapped, pinned host memory
-  protocol::DeviceErrorRecord* d_error_ = nullptr;  // its device alias
-  uint64_t* d_trace_ = nullptr;                     // kernel timeline when options_.kernel_trace
-  uint64_t* d_metrics_ = nullptr;                   // counter block when options_.metrics
+  absl::StatusOr<base::Options> env_;                 // LLEP_* options, read once by Exchange
+  uint64_t* d_workspace_ = nullptr;                   // completion counters + flags (ll_kernels.h LlDeviceContext)
+  protocol::DeviceErrorRecords* h_errors_ = nullptr;  // mapped, pinned host memory
+  protocol::DeviceErrorRecords* d_errors_ = nullptr;  // its device alias
+  uint64_t* d_trace_ = nullptr;                       // kernel timeline when options_.kernel_trace
+  uint64_t* d_metrics_ = nullptr;                     // counter block when options_.metrics
   uint8_t* d_shrink_ = nullptr;       // options_.shrink: mask [R], verdicts, the clean barrier's outputs (ShrinkArea)
   int32_t* h_mask_values_ = nullptr;  // pinned {0, 1}: the source of SetMasked's stream-ordered copy
   kernels::cuda::OpStamps* d_stamps_ = nullptr;  // latency stamps when options_.metrics
@@ -206,6 +212,7 @@ class GpuBuffer {
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);     // sticky error after a timeout / overrun
   uint32_t last_tag_ ABSL_GUARDED_BY(mu_) = 0;  // the last send's call tag (unique per send, never 0)
   bool rearm_ ABSL_GUARDED_BY(mu_) = false;     // a recoverable error was reported; the device claim is not cleared yet
+  bool warned_ ABSL_GUARDED_BY(mu_) = false;    // the recoverable record was logged by a call, not raised yet
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

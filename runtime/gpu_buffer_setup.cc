@@ -117,11 +117,11 @@ absl::Status GpuBuffer::InitLocal() {
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, ws.bytes()));
   d_workspace_ = static_cast<uint64_t*>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(protocol::DeviceErrorRecord), cudaHostAllocMapped));
-  h_error_ = static_cast<protocol::DeviceErrorRecord*>(p);
-  std::memset(h_error_, 0, sizeof(protocol::DeviceErrorRecord));
-  LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_error_, 0));
-  d_error_ = static_cast<protocol::DeviceErrorRecord*>(p);
+  LLEP_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, sizeof(protocol::DeviceErrorRecords), cudaHostAllocMapped));
+  h_errors_ = static_cast<protocol::DeviceErrorRecords*>(p);
+  std::memset(h_errors_, 0, sizeof(protocol::DeviceErrorRecords));
+  LLEP_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&p, h_errors_, 0));
+  d_errors_ = static_cast<protocol::DeviceErrorRecords*>(p);
   if (options_.metrics) {
     metrics_layout_ = protocol::ComputeMetricsLayout(R, shape.num_local_experts(), options_.metrics_layers);
     const size_t bytes = static_cast<size_t>(metrics_layout_.num_bytes());
@@ -306,7 +306,7 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + ws.flags());
   ctx_.calls =
       reinterpret_cast<kernels::cuda::LlCallState*>(reinterpret_cast<uint8_t*>(d_workspace_) + ws.call_state_bytes());
-  ctx_.error = d_error_;
+  ctx_.errors = d_errors_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   ctx_.trace = d_trace_;
   ctx_.metrics = d_metrics_;
@@ -454,7 +454,7 @@ void GpuBuffer::Release() {
   if (d_peers_ != nullptr) (void)cudaFree(d_peers_);
   if (d_workspace_ != nullptr) (void)cudaFree(d_workspace_);
   if (region_ != nullptr) (void)cudaFree(region_);
-  if (h_error_ != nullptr) (void)cudaFreeHost(h_error_);
+  if (h_errors_ != nullptr) (void)cudaFreeHost(h_errors_);
   if (d_trace_ != nullptr) (void)cudaFree(d_trace_);
   if (d_stamps_ != nullptr) (void)cudaFree(d_stamps_);
   if (d_shrink_ != nullptr) (void)cudaFree(d_shrink_);
@@ -475,8 +475,8 @@ void GpuBuffer::Release() {
   d_peers_ = nullptr;
   d_workspace_ = nullptr;
   region_ = nullptr;
-  h_error_ = nullptr;
-  d_error_ = nullptr;
+  h_errors_ = nullptr;
+  d_errors_ = nullptr;
 }
 
 }  // namespace llep

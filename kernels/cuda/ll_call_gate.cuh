@@ -198,6 +198,11 @@ class CallGate {
   /// The call is known (every thread agrees: Open() ended with a barrier).
   __device__ bool is_open() const { return seq_ != kSeqPending; }
 
+  /// The number errors are recorded with now: the call's once open, else kSeqPending (kept, recorded by Open()). A
+  /// phase that runs after another one opened the gate (the receive of a send+receive launch) must use this, not
+  /// kSeqPending: Open() records pending errors only the first time.
+  __device__ uint32_t error_seq() const { return seq_; }
+
   /// After Open() of a send launch: the launch's index (LlCallState).
   __device__ unsigned long long launch_index() const { return g_gate.n; }
 

@@ -229,7 +229,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   auto* scratch = reinterpret_cast<PlanScratch*>(rplans + kWarps);
 
   Trace(c, LlOp::kCombine, kTraceRecvStart);
-  uint32_t seq = kSeqPending;
+  uint32_t seq = gate.error_seq();
   if (tid == 0) *failed = 0;
   const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kCombine);
   if (checks_counts) {

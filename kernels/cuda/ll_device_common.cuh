@@ -89,7 +89,7 @@ __shared__ PendingError g_pending_error;
 /// RecordError's body, out of line: errors are rare, and inlined at each of the dozens of call sites (many in unrolled
 /// per-slot loops) it made the kernels ~15 % larger, code a receive launch fetches cold (fast_div.h). Scalars only, so
 /// the call does not copy the context to the stack. timeouts: the metrics word counting timeouts of `op`, or null.
-__device__ __noinline__ void RecordErrorOutOfLine(uint32_t* flags, protocol::DeviceErrorRecord* error,
+__device__ __noinline__ void RecordErrorOutOfLine(uint32_t* flags, protocol::DeviceErrorRecords* errors,
                                                   unsigned long long* timeouts, uint32_t code, uint32_t op, int peer,
                                                   uint32_t seq, int64_t detail) {
   if (seq == kSeqPending) {
@@ -100,13 +100,12 @@ __device__ __noinline__ void RecordErrorOutOfLine(uint32_t* flags, protocol::Dev
     }
     return;
   }
+  // The first error of each severity keeps its record (DeviceErrorRecords). The thread that aborts the buffer owns
+  // the fatal record and counts a timeout (metrics): once, however many CTAs and sources time out.
   const bool fatal = !protocol::DeviceErrorIsRecoverable(code);
-  // The thread that aborts the operation counts a timeout (metrics): once, however many CTAs and sources time out.
-  if (fatal && atomicExch(&flags[1], 1u) == 0u && code == protocol::kDeviceTimeout && timeouts != nullptr) {
-    atomicAdd(timeouts, 1ull);
-  }
-  if (atomicCAS(&flags[0], 0u, 1u) != 0u) return;  // the first error keeps the record
-  volatile protocol::DeviceErrorRecord* e = error;
+  if (atomicExch(&flags[fatal ? 1 : 0], 1u) != 0u) return;
+  if (code == protocol::kDeviceTimeout && timeouts != nullptr) atomicAdd(timeouts, 1ull);
+  volatile protocol::DeviceErrorRecord* e = fatal ? &errors->fatal : &errors->recoverable;
   e->op = op;
   e->peer = peer;
   e->seq = seq;
@@ -122,7 +121,7 @@ __device__ __forceinline__ void RecordError(const LlDeviceContext& c, uint32_t c
       c.metrics == nullptr
           ? nullptr
           : reinterpret_cast<unsigned long long*>(c.metrics + c.metrics_layout.timeouts(static_cast<int>(op)));
-  RecordErrorOutOfLine(c.flags, c.error, timeouts, code, static_cast<uint32_t>(op), peer, seq, detail);
+  RecordErrorOutOfLine(c.flags, c.errors, timeouts, code, static_cast<uint32_t>(op), peer, seq, detail);
 }
 
 __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {

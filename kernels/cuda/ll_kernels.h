@@ -149,10 +149,10 @@ struct LlDeviceContext {
   /// device [2 halves][E]: rows staged per combine block (local expert, proxy destination); the warp that stages a
   /// block's last row sends the whole block as one write and resets the counter
   uint64_t* proxy_blocks = nullptr;
-  uint32_t* flags = nullptr;     ///< device [2]: [0] error record claimed, [1] abort (a fatal error happened)
+  uint32_t* flags = nullptr;     ///< device [2]: [0] recoverable record claimed, [1] abort (fatal record claimed)
   LlCallState* calls = nullptr;  ///< device: graph-safe sequence numbers and the in-flight rule
-  protocol::DeviceErrorRecord* error = nullptr;  ///< device pointer to the mapped host error record
-  uint64_t timeout_ns = 0;                       ///< receive wait limit per signal
+  protocol::DeviceErrorRecords* errors = nullptr;  ///< device pointer to the mapped host error records
+  uint64_t timeout_ns = 0;                         ///< receive wait limit per signal
   uint64_t* trace = nullptr;    ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
   uint64_t* metrics = nullptr;  ///< optional counter block (metrics_layout.h); null = metrics off
   OpStamps* stamps = nullptr;   ///< [kStampSlots] latency stamps; set with metrics

@@ -29,14 +29,24 @@ enum DeviceErrorCode : uint32_t {
 };
 inline constexpr uint32_t kNumDeviceErrorCodes = 11;
 
-/// First error a kernel hit. The right to write it is claimed with an atomicCAS on a device-memory word, the fields
-/// are written, and `code` is stored last, so the host never reads a code with the fields of another error.
+/// One error a kernel hit. The right to write it is claimed with an atomic on a device-memory word, the fields are
+/// written, and `code` is stored last, so the host never reads a code with the fields of another error.
 struct DeviceErrorRecord {
   uint32_t code;   ///< DeviceErrorCode
   uint32_t op;     ///< LlOp
   int32_t peer;    ///< rank the error concerns, or -1
   uint32_t seq;    ///< call sequence number
   int64_t detail;  ///< code-specific value
+};
+
+/// The kernels' error records, one per severity (DeviceErrorIsRecoverable), each keeping the first error of its
+/// kind: a fatal error after a recoverable one that the host has not read yet must still be reported, or the buffer
+/// would be aborted on the device (every later launch does nothing) while the host saw only the bad input and went
+/// on calling — a silent dead buffer (found by the GPU bad-input catalogue, bench/RESULTS.md session 15). The host
+/// reads `fatal` first.
+struct DeviceErrorRecords {
+  DeviceErrorRecord recoverable;  ///< claimed by the word flags[0]; re-armed by the host once reported
+  DeviceErrorRecord fatal;        ///< claimed by the abort flag flags[1]; cleared only by recovery
 };
 
 /// Canonical status codes (the numbering absl::StatusCode and google.rpc.Code share).

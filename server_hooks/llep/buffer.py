@@ -9,9 +9,11 @@ Buffer.backend picks one: 'cuda' when torch sees a GPU and llep was built with C
 or assigning Buffer.backend before the first low-latency call overrides it. Tensors never cross into C++ as
 torch objects: the native module gets addresses, shapes and stream handles, so one build serves any torch.
 
-GPU errors (bad expert ids, a peer that never answers) are recorded by the kernels without a trap and raised by
-the next call on the buffer, or by Buffer.check_errors() after the stream was synchronised. clean_low_latency_buffer
-recovers the buffer after such an error; with enable_shrink a silent peer is masked instead (DeepEP's shrink API).
+GPU errors are recorded by the kernels without a trap. A fatal one (a peer that never answers, a broken call order)
+is raised by the next call on the buffer and by Buffer.check_errors(); bad input the kernels dropped consistently
+(bad expert ids, a corrupt handle) only by Buffer.check_errors() after the stream was synchronised (a later call
+logs it once: raised there, it would hit ranks at different calls and desynchronise them). clean_low_latency_buffer
+recovers the buffer after a fatal error; with enable_shrink a silent peer is masked instead (DeepEP's shrink API).
 
 CUDA graphs: every call may be captured (no host synchronisation), in any number per graph and in graphs of any
 batch size sharing the buffer: the kernels pick the buffer half and pair each receive hook with its send on the
@@ -379,9 +381,10 @@ class Buffer:
         return self.backend == 'cuda'
 
     def check_errors(self) -> None:
-        """Raises the error a GPU kernel of this buffer recorded (bad expert id, silent peer, ...), if any.
-        Kernels run asynchronously: synchronise the stream first to cover the calls made so far. (llep addition;
-        every low-latency call does this check itself before it queues work.)"""
+        """Raises the error a GPU kernel of this buffer recorded (bad expert id, silent peer, ...), if any: a fatal one
+        first. Kernels run asynchronously: synchronise the stream first to cover the calls made so far. (llep
+        addition; every low-latency call raises fatal errors itself before it queues work, but bad input the kernels
+        dropped is raised only here.)"""
         if self.runtime is not None and self._gpu:
             self.runtime.check_errors()
 

@@ -269,7 +269,11 @@ def _error_cases(rank, R, gloo, log):
     errs = []
     bad = topk.clone()
     bad[0, 0] = E + 5
-    buf.low_latency_dispatch(x, bad, T, E)
+    recv, _, handle, _, _ = buf.low_latency_dispatch(x, bad, T, E, use_fp8=False)
+    torch.cuda.synchronize()
+    # The next call must not raise it (ranks would raise at different calls as their kernels finish, and
+    # desynchronise): its combine runs, and check_errors raises it afterwards.
+    buf.low_latency_combine(recv, bad, w.to(dev), handle)
     torch.cuda.synchronize()
     try:
         buf.check_errors()
@@ -277,7 +281,7 @@ def _error_cases(rank, R, gloo, log):
     except llep.LlepInvalidArgumentError as e:
         if str(E + 5) not in str(e):
             errs.append(f'bad expert id message lacks the id: {e}')
-    # Still usable: a clean round trip afterwards.
+    # Still usable: a clean round trip afterwards, and the record was cleared by the check that raised it.
     recv, count, handle, _, _ = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False)
     out, _, _ = buf.low_latency_combine(recv, topk, w.to(dev), handle)
     torch.cuda.synchronize()

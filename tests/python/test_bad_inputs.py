@@ -15,7 +15,8 @@ Known limit (as in DeepEP): a combine given the topk_idx of another dispatch tha
 experts per rank cannot be told from the right one (the rows land by position); a different count is caught.
 
 CI runs it on the CPU backend (2 ranks); the GPU test script as `test_bad_inputs.py --device cuda`.
-Usage: test_bad_inputs.py [--device cpu|cuda]   (exit 0 = pass)"""
+Usage: test_bad_inputs.py [--device cpu|cuda] [--rows REGEX]   (exit 0 = pass; --rows runs the rows whose names
+match, each still followed by its exact round, e.g. to chase one failure)"""
 import argparse
 import datetime
 import os
@@ -379,7 +380,7 @@ def _run_case(c: Ctx, case: Case) -> Optional[str]:
     return problem
 
 
-def _worker(rank: int, port: int, device: str) -> None:
+def _worker(rank: int, port: int, device: str, rows: str) -> None:
     os.environ.setdefault('LLEP_TIMEOUT_S', '20')
     if device == 'cuda':
         torch.cuda.set_device(rank % torch.cuda.device_count())  # ranks may share one GPU (protocol test)
@@ -392,7 +393,7 @@ def _worker(rank: int, port: int, device: str) -> None:
     c = Ctx(buf, dist.group.WORLD, rank, dev)
     _exact_round(c, 1)
     failures, seed, t0 = [], 2, time.time()
-    cases = _cases(c)
+    cases = [case for case in _cases(c) if re.search(rows, case.name)]
     for case in cases:
         problem = _run_case(c, case)
         try:
@@ -410,6 +411,8 @@ def _worker(rank: int, port: int, device: str) -> None:
         if problem:
             failures.append(f'{case.name}: {problem}')
     total = len(cases) + len(after)
+    if failures:  # every rank says what failed: mp.spawn re-raises only the first rank's exception
+        print(f'rank {rank} failures:\n  ' + '\n  '.join(failures), flush=True)
     if rank == 0:
         print(f'test_bad_inputs ({device}): {total} kinds of bad input, {len(cases)} each followed by an exact round, '
               f'{time.time() - t0:.1f} s')
@@ -417,8 +420,8 @@ def _worker(rank: int, port: int, device: str) -> None:
     dist.destroy_process_group()
 
 
-def _run(device: str) -> None:
-    mp.spawn(_worker, args=(free_port(), device), nprocs=R, join=True)
+def _run(device: str, rows: str = '') -> None:
+    mp.spawn(_worker, args=(free_port(), device, rows), nprocs=R, join=True)
 
 
 def test_bad_input_catalogue_on_the_cpu_backend():
@@ -428,9 +431,10 @@ def test_bad_input_catalogue_on_the_cpu_backend():
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
+    ap.add_argument('--rows', default='', help='a regular expression: run only the rows whose names match')
     a = ap.parse_args()
     try:
-        _run(a.device)
+        _run(a.device, a.rows)
     except Exception as e:  # noqa: BLE001 - mp.spawn re-raises a rank's failure
         print(f'test_bad_inputs ({a.device}): FAIL\n{e}')
         return 1
