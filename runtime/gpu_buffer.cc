@@ -65,8 +65,10 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream, bool raise_recove
     if (!raise_recoverable) {
       // A call does not raise it (gpu_buffer.h: whether the kernel finished before this call depends on timing, so
       // ranks given the same input would make different call sequences); it says so once and keeps the record.
-      if (!warned_) LLEP_LOG(kWarning) << s.message() << " (raised by Buffer.check_errors())";
-      warned_ = true;
+      if (!warned_) {
+        LLEP_LOG(kWarning) << s.message() << " (raised by Buffer.check_errors())";
+        warned_ = true;
+      }
       return absl::OkStatus();
     }
     // Recoverable: the kernels kept the buffer consistent. Re-arm the record behind the work already queued, but not
