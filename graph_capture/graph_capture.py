@@ -207,7 +207,7 @@ class DecodeGraphs:
         size = pick_size(self.sizes, n) if size is None else int(size)
         if size not in self._slots or size < n:
             raise ValueError(f'size {size} is not a captured size holding {n} tokens ({sorted(self.sizes)})')
-        self.buffer.check_errors()
+        self.buffer.check_errors(bad_input=False)  # fatal only: bad input is the caller's check_errors() to raise
         slot = self._slots[size]
         self._load(slot, x, topk_idx, topk_weights)
         if self.use_graphs:

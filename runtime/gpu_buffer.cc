@@ -20,9 +20,9 @@ using protocol::LlOp;
 
 namespace {}  // namespace
 
-absl::Status GpuBuffer::CheckErrors() {
+absl::Status GpuBuffer::CheckErrors(bool bad_input) {
   absl::MutexLock lock(&mu_);
-  return CheckErrorsLocked(nullptr, /*raise_recoverable=*/true);
+  return CheckErrorsLocked(nullptr, bad_input);
 }
 
 absl::Status GpuBuffer::RearmErrorRecord(cudaStream_t stream) {

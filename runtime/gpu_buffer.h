@@ -101,8 +101,9 @@ class GpuBuffer {
   /// Launches the receive phase of a split operation on `stream`.
   absl::Status Receive(const GpuPendingOp& op, cudaStream_t stream);
 
-  /// Reads the kernels' error record (no device synchronisation). OK when no kernel reported anything.
-  absl::Status CheckErrors();
+  /// Reads the kernels' error records (no device synchronisation). OK when no kernel reported anything. bad_input
+  /// false: fatal errors only, as a call checks (file comment), e.g. before a graph replay.
+  absl::Status CheckErrors(bool bad_input = true);
 
   /// bf16 [E/R, R*T, combine_row_stride] staging a zero-copy combine reads (DeepEP's zero-copy buffer). One fixed area
   /// for every call (ll_kernels.h kZeroCopyHalf), so a captured graph may hold its address; write it after the

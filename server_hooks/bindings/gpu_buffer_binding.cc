@@ -56,7 +56,7 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
     ThrowIfError(Live()->Receive(*op, Stream(stream)));
   }
 
-  void CheckErrors() { ThrowIfError(Live()->CheckErrors()); }
+  void CheckErrors(bool bad_input) { ThrowIfError(Live()->CheckErrors(bad_input)); }
   void Clean(uintptr_t stream) {
     GpuBuffer* buf = Live();
     absl::Status s;
@@ -137,7 +137,7 @@ void BindGpuBuffer(py::module_& m) {
            "empty transport when every peer is reached over NVLink.")
       .def("flush_metrics", &PyGpuBuffer::FlushMetrics)
       .def("receive", &PyGpuBuffer::Receive)
-      .def("check_errors", &PyGpuBuffer::CheckErrors)
+      .def("check_errors", &PyGpuBuffer::CheckErrors, py::arg("bad_input") = true)
       .def("next_combine_buffer", &PyGpuBuffer::NextCombineBuffer)
       .def("kernel_trace", &PyGpuBuffer::KernelTrace,
            "Diagnostic timeline [2 ops][num_ctas][16] of global-timer ns (kernels/cuda/ll_kernels.h TracePoint), "

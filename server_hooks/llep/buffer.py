@@ -380,13 +380,15 @@ class Buffer:
     def _gpu(self) -> bool:
         return self.backend == 'cuda'
 
-    def check_errors(self) -> None:
+    def check_errors(self, bad_input: bool = True) -> None:
         """Raises the error a GPU kernel of this buffer recorded (bad expert id, silent peer, ...), if any: a fatal one
         first. Kernels run asynchronously: synchronise the stream first to cover the calls made so far. (llep
         addition; every low-latency call raises fatal errors itself before it queues work, but bad input the kernels
-        dropped is raised only here.)"""
+        dropped is raised only here.) bad_input=False raises fatal errors only, as a call does: for a check between
+        collective steps without a synchronisation (a graph replay), where bad input recorded by a kernel that may
+        or may not have finished would be raised on some ranks and not others."""
         if self.runtime is not None and self._gpu:
-            self.runtime.check_errors()
+            self.runtime.check_errors(bad_input)
 
     def _check_size(self, shape: Tuple[int, int, int]) -> None:
         need = _llep.ll_buffer_bytes(shape[0], shape[1], self.group_size, shape[2])
