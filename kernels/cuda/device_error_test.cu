@@ -7,19 +7,13 @@
 
 #include <vector>
 
+#include "kernels/cuda/gpu_test_support.h"
 #include "kernels/cuda/ll_device_common.cuh"
 #include "runtime/protocol/device_error.h"
 #include "runtime/protocol/gpu_api.h"
 
 namespace llep::kernels::cuda {
 namespace {
-
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
-
-bool HaveDevice() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct Recorded {
   uint32_t code;
@@ -54,35 +48,34 @@ class DeviceErrorTest : public ::testing::Test {
     if (list_ != nullptr) (void)cudaFree(list_);
   }
 
-  /// Records `list` on the GPU; returns flags[0], flags[1] and the timeout count through the arguments.
-  void Run(const std::vector<Recorded>& list, uint32_t* flags, unsigned long long* timeouts) {
+  /// Records `list` on the GPU, then reads flags_ and timeouts_ back.
+  void Run(const std::vector<Recorded>& list) {
     ASSERT_CUDA(cudaMemcpy(list_, list.data(), list.size() * sizeof(Recorded), cudaMemcpyHostToDevice));
     auto* d_flags = reinterpret_cast<uint32_t*>(word_area_);
     auto* d_timeouts = reinterpret_cast<unsigned long long*>(word_area_ + 2 * sizeof(uint32_t));
     RecordInOrder<<<1, 1>>>(d_flags, d_errors_, d_timeouts, list_, static_cast<int>(list.size()));
     ASSERT_CUDA(cudaGetLastError());
     ASSERT_CUDA(cudaDeviceSynchronize());
-    ASSERT_CUDA(cudaMemcpy(flags, d_flags, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-    ASSERT_CUDA(cudaMemcpy(timeouts, d_timeouts, sizeof(*timeouts), cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(flags_, d_flags, sizeof(flags_), cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(&timeouts_, d_timeouts, sizeof(timeouts_), cudaMemcpyDeviceToHost));
   }
 
-  uint8_t* word_area_ = nullptr;  // flags[2], then the timeout counter
+  uint32_t flags_[2] = {};           // [0] recoverable record claimed, [1] aborted (fatal record claimed)
+  unsigned long long timeouts_ = 0;  // the metrics word counting timeouts
+  uint8_t* word_area_ = nullptr;     // flags[2], then the timeout counter
   protocol::DeviceErrorRecords* errors_ = nullptr;
   protocol::DeviceErrorRecords* d_errors_ = nullptr;
   Recorded* list_ = nullptr;
 };
 
 TEST_F(DeviceErrorTest, FatalAfterRecoverableKeepsBothFirsts) {
-  uint32_t flags[2] = {};
-  unsigned long long timeouts = 0;
   Run({{protocol::kDeviceBadExpertId, -2},
        {protocol::kDeviceCombineMismatch, 5},
        {protocol::kDeviceTimeout, 1},
        {protocol::kDeviceBadMessage, 3},
-       {protocol::kDeviceTimeout, 2}},
-      flags, &timeouts);
-  EXPECT_EQ(flags[0], 1u);
-  EXPECT_EQ(flags[1], 1u);  // aborted
+       {protocol::kDeviceTimeout, 2}});
+  EXPECT_EQ(flags_[0], 1u);
+  EXPECT_EQ(flags_[1], 1u);  // aborted
   EXPECT_EQ(errors_->recoverable.code, protocol::kDeviceBadExpertId);
   EXPECT_EQ(errors_->recoverable.detail, -2);
   EXPECT_EQ(errors_->recoverable.seq, 40u);
@@ -90,31 +83,27 @@ TEST_F(DeviceErrorTest, FatalAfterRecoverableKeepsBothFirsts) {
   EXPECT_EQ(errors_->fatal.code, protocol::kDeviceTimeout);
   EXPECT_EQ(errors_->fatal.detail, 1);
   EXPECT_EQ(errors_->fatal.seq, 42u);
-  EXPECT_EQ(timeouts, 1u);  // the thread that aborted counts its timeout; later timeouts are the same abort
+  EXPECT_EQ(timeouts_, 1u);  // the thread that aborted counts its timeout; later timeouts are the same abort
 }
 
 TEST_F(DeviceErrorTest, RecoverableAloneDoesNotAbort) {
-  uint32_t flags[2] = {};
-  unsigned long long timeouts = 0;
-  Run({{protocol::kDeviceBadLayoutRange, 9}, {protocol::kDeviceBadExpertId, 8}}, flags, &timeouts);
-  EXPECT_EQ(flags[0], 1u);
-  EXPECT_EQ(flags[1], 0u);
+  Run({{protocol::kDeviceBadLayoutRange, 9}, {protocol::kDeviceBadExpertId, 8}});
+  EXPECT_EQ(flags_[0], 1u);
+  EXPECT_EQ(flags_[1], 0u);
   EXPECT_EQ(errors_->recoverable.code, protocol::kDeviceBadLayoutRange);
   EXPECT_EQ(errors_->recoverable.detail, 9);
   EXPECT_EQ(errors_->fatal.code, protocol::kDeviceOk);
-  EXPECT_EQ(timeouts, 0u);
+  EXPECT_EQ(timeouts_, 0u);
 }
 
 TEST_F(DeviceErrorTest, FatalAloneLeavesTheRecoverableRecordFree) {
-  uint32_t flags[2] = {};
-  unsigned long long timeouts = 0;
-  Run({{protocol::kDeviceInFlight, 77}}, flags, &timeouts);
-  EXPECT_EQ(flags[0], 0u);
-  EXPECT_EQ(flags[1], 1u);
+  Run({{protocol::kDeviceInFlight, 77}});
+  EXPECT_EQ(flags_[0], 0u);
+  EXPECT_EQ(flags_[1], 1u);
   EXPECT_EQ(errors_->fatal.code, protocol::kDeviceInFlight);
   EXPECT_EQ(errors_->fatal.detail, 77);
   EXPECT_EQ(errors_->recoverable.code, protocol::kDeviceOk);
-  EXPECT_EQ(timeouts, 0u);
+  EXPECT_EQ(timeouts_, 0u);
 }
 
 }  // namespace

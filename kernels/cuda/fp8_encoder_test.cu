@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/codec/fp8.h"
+#include "kernels/cuda/gpu_test_support.h"
 #include "kernels/cuda/ll_routing.cuh"
 #include "kernels/host/ll_host.h"
 #include "runtime/protocol/gpu_api.h"
@@ -19,13 +20,6 @@
 
 namespace llep::kernels::cuda {
 namespace {
-
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
-
-bool HaveDevice() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 #if defined(LLEP_GPU_CUDA)
 __global__ void ConvertKernel(const float* in, uint8_t* out, int n) {
