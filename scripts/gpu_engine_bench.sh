@@ -9,13 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 gpu_logs_tgz
-export LLEP_GPU_TARGETS="_llep llep_py_package"
-scripts/gpu_build.sh > "$LOGS/build.log" 2>&1 &
-llep_pid=$!
+start_llep_build "$LOGS/build.log"
 start_deepep_build
-wait $llep_pid || { tail -30 "$LOGS/build.log"; exit 1; }
+wait_llep_build "$LOGS/build.log"
 wait_deepep_build
-export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$LOGS/gpus.txt"
 # shellcheck disable=SC2086
 PYTHONPATH="$PWD/$BUILD_DIR/python${deepep_path:+:$deepep_path}" python3 bench/engine_bench.py --device cuda \

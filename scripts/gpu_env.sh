@@ -28,3 +28,16 @@ wait_deepep_build() {
   deepep_path=
   [ -n "$deepep_pid" ] && { wait "$deepep_pid" && deepep_path=/tmp/deepep || tail -20 "$LOGS/build_deepep.log"; }
 }
+
+# The working tree's Python package (LLEP_GPU_TARGETS), built in the background beside DeepEP's: start_llep_build LOG
+# sets llep_pid; wait_llep_build LOG exits with the log's tail if the build failed, else exports the run environment
+# (the carried libraries, unbuffered Python).
+start_llep_build() {
+  export LLEP_GPU_TARGETS="_llep llep_py_package"
+  scripts/gpu_build.sh > "$1" 2>&1 &
+  llep_pid=$!
+}
+wait_llep_build() {
+  wait "$llep_pid" || { tail -30 "$1"; exit 1; }
+  export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
+}

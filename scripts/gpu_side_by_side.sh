@@ -11,9 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 gpu_logs_tgz
-export LLEP_GPU_TARGETS="_llep llep_py_package"
-scripts/gpu_build.sh > "$LOGS/build_new.log" 2>&1 &
-new_pid=$!
+start_llep_build "$LOGS/build_new.log"
 base_pid=
 if [ -d .base ]; then
   ln -sfn "$PWD/.debs" .base/.debs
@@ -21,11 +19,10 @@ if [ -d .base ]; then
   base_pid=$!
 fi
 start_deepep_build
-wait $new_pid || { tail -30 "$LOGS/build_new.log"; exit 1; }
+wait_llep_build "$LOGS/build_new.log"
 base_ok=0
 [ -n "$base_pid" ] && { wait $base_pid && base_ok=1 || tail -20 "$LOGS/build_base.log"; }
 wait_deepep_build
-export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1
 new_pkg="$PWD/$BUILD_DIR/python"
 base_pkg="$PWD/.base/$BUILD_DIR/python"
 nvidia-smi -L | tee "$LOGS/gpus.txt"
