@@ -4,8 +4,11 @@ request's greedy tokens must equal those of the single-process dense reference o
 - BF16 dispatch, receive hooks on, 2 ranks; FP8 dispatch, hooks off, 4 ranks (the reference rounds the experts' input
   rows through FP8 exactly as the codec does, so tokens must be identical there too); batches padded to the graph
   sizes 1, 2, 4 (what --graphs replays on GPUs; padding rows must reach no expert); two-batch overlap (two
-  micro-batches interleaved per layer, both dispatches in flight on one Buffer; idle ranks make both micro-batches'
-  calls in the same order), padded, 4 ranks.
+  micro-batches interleaved per layer in SGLang's decode schedule; idle ranks make both micro-batches' calls in the same
+  order), padded, 4 ranks.
+- The two-batch schedule itself (one process, a MoE that records its calls): per layer A's dispatch, A's combine, B's
+  dispatch, B's combine, each received before the next is sent (DeepEP's double buffer needs it), with B's attention
+  between A's send and A's receive, A's next layer's attention inside B's combine; the hidden states equal forward()'s.
 - Batch 1 on 2 ranks: the Buffer is sized for 2 tokens per rank (R * T must be a multiple of 4, as in DeepEP).
 - With --metrics-port, each rank's exporter shows one llep_decode_step_seconds observation per step with a batch and
   llep_decode_tokens_total = the tokens it fed (the launcher checks both).
@@ -93,3 +96,59 @@ def test_engine_loads_safetensors_and_the_check_can_fail():
     save_safetensors(missing, os.path.join(d2, 'model.safetensors'))
     with pytest.raises(ValueError, match='lm_head.weight'):
         load_safetensors(d2, cfg)
+
+
+class _RecordingMoE:
+    """A staged MoE that logs each stage (and the model's attention stages, through the wrapped methods) and returns
+    a deterministic function of its input rows, so forward() and forward_two_batches() can be compared."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def send(self, layer, x, idx, w, shared, mb=0):
+        self.log.append(('send', layer, mb))
+        return (layer, x, shared, mb)
+
+    def middle(self, st):
+        self.log.append(('middle', st[0], st[3]))
+
+    def finish(self, st):
+        self.log.append(('finish', st[0], st[3]))
+        return (st[1].float() * 0.5 + st[2]().float()).to(st[1].dtype)
+
+    def __call__(self, layer, x, idx, w, shared):
+        return self.finish(self.send(layer, x, idx, w, shared))
+
+
+def test_two_batch_schedule_matches_sglang_decode():
+    import torch
+    from llep.engine.config import ModelConfig
+    from llep.engine.model import Model
+    from llep.engine.weights import init_weights
+    cfg = ModelConfig.named('tiny', 2)
+    log = []
+    model = Model(cfg, init_weights(cfg), _RecordingMoE(log), torch.device('cpu'), 8)
+    for name in ('_attention_prepare', '_attention_core'):
+        inner = getattr(model, name)
+
+        def wrapped(layer, h, *rest, _inner=inner, _name=name):
+            log.append((_name.lstrip('_'), layer, h.shape[0]))
+            return _inner(layer, h, *rest)
+        setattr(model, name, wrapped)
+    tokens, pos, slots = torch.tensor([3, 5, 7, 9, 11]), torch.zeros(5, dtype=torch.int64), torch.arange(5)
+    two = model.forward_two_batches(tokens, pos, slots)
+    rows_to_mb = {3: 0, 2: 1}  # A holds ceil(5 / 2) rows, B the rest
+    got = [(kind, layer, rows_to_mb[mb] if kind.startswith('attention') else mb) for kind, layer, mb in log]
+    prep, core = 'attention_prepare', 'attention_core'
+    want = [(prep, 0, 0), (core, 0, 0)]
+    for layer in range(cfg.num_layers):
+        want += [('send', layer, 0), (prep, layer, 1), ('middle', layer, 0), (core, layer, 1), ('finish', layer, 0),
+                 ('send', layer, 1), ('middle', layer, 1)]
+        if layer + 1 < cfg.num_layers:  # A's next layer's attention runs while B's combine travels
+            want += [(prep, layer + 1, 0), ('finish', layer, 1), (core, layer + 1, 0)]
+        else:
+            want += [('finish', layer, 1)]
+    assert got == want
+    log.clear()
+    one = model.forward(tokens, pos, slots)
+    assert torch.equal(one, two)

@@ -33,8 +33,8 @@ class AllToAllMoE(StagedMoE):
         mine = range(rank * self.E_loc, (rank + 1) * self.E_loc)
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, mine)) for layer in range(cfg.num_layers)]
         R, T, H, K = num_ranks, max_tokens, cfg.hidden, cfg.top_k
-        # Exchange areas, allocated once (a captured graph reuses them), one set per micro-batch (two-batch overlap
-        # has both in flight): send and receive sides of both exchanges.
+        # Exchange areas, allocated once (a captured graph reuses them), one set per micro-batch of two-batch overlap:
+        # send and receive sides of both exchanges.
         self.xs = torch.zeros((2, R, T, H), dtype=torch.bfloat16, device=device)
         self.ids = torch.full((2, R, T, K), -1, dtype=torch.int64, device=device)
         self.xr, self.ir = torch.empty_like(self.xs), torch.empty_like(self.ids)

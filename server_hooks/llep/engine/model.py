@@ -9,7 +9,7 @@ Numerics every path shares (so the EP engine and the dense reference agree token
 activations are bf16 between blocks (the dtype DeepEP's dispatch takes), norms, the router and the attention softmax
 run in fp32, an expert computes in fp32 from bf16 rows and returns bf16 rows, and the routed sum is fp32 in top-k
 order, rounded to bf16 (llep's combine)."""
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -65,29 +65,35 @@ class Model:
         self.k_cache = torch.zeros(shape, dtype=torch.bfloat16, device=device)
         self.v_cache = torch.zeros(shape, dtype=torch.bfloat16, device=device)
 
-    def _attention(self, layer: int, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def _attention_prepare(self, layer: int, h: torch.Tensor, pos: torch.Tensor,
+                           slots: torch.Tensor) -> torch.Tensor:
+        """Attention, first half (SGLang's attn.op_prepare): the norm, the q/k/v projections with rotary positions,
+        the new key and value written to the KV cache. Returns q [B, heads, D]."""
         cfg, p = self.cfg, f'model.layers.{layer}.self_attn.'
+        x = rms_norm(h, self.w[f'model.layers.{layer}.input_layernorm.weight'], cfg.rms_eps)
         B, nh, nkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q = _rope((x @ self.w[p + 'q_proj.weight'].t()).view(B, nh, hd), pos, cfg.rope_theta)
         k = _rope((x @ self.w[p + 'k_proj.weight'].t()).view(B, nkv, hd), pos, cfg.rope_theta)
         v = (x @ self.w[p + 'v_proj.weight'].t()).view(B, nkv, hd)
         self.k_cache[layer, slots, pos] = k.to(torch.bfloat16)
         self.v_cache[layer, slots, pos] = v
+        return q
+
+    def _attention_core(self, layer: int, h: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                        valid: Optional[torch.Tensor]):
+        """Attention, second half (attn.op_core, mlp.op_gate, mlp.op_select_experts): attention over the cache, the
+        output projection and residual, then the MoE input, its routing and its shared expert (deferred)."""
+        cfg, p = self.cfg, f'model.layers.{layer}.'
+        B, nh, nkv, hd = q.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         keys = self.k_cache[layer, slots].float()  # [B, S, nkv, hd]
         vals = self.v_cache[layer, slots].float()
         rep = nh // nkv
         keys, vals = keys.repeat_interleave(rep, dim=2), vals.repeat_interleave(rep, dim=2)
         scores = torch.einsum('bhd,bshd->bhs', q, keys) / hd ** 0.5
-        future = torch.arange(cfg.max_seq_len, device=x.device)[None, :] > pos[:, None]
+        future = torch.arange(cfg.max_seq_len, device=q.device)[None, :] > pos[:, None]
         scores = scores.masked_fill(future[:, None, :], float('-inf'))
-        out = torch.einsum('bhs,bshd->bhd', scores.softmax(-1), vals).reshape(B, nh * hd).to(torch.bfloat16)
-        return out @ self.w[p + 'o_proj.weight'].t()
-
-    def _pre_moe(self, layer: int, h: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-                 valid: Optional[torch.Tensor]):
-        """Attention (residual added), then the MoE input, its routing and its shared expert (deferred)."""
-        cfg, p = self.cfg, f'model.layers.{layer}.'
-        h = h + self._attention(layer, rms_norm(h, self.w[p + 'input_layernorm.weight'], cfg.rms_eps), pos, slots)
+        att = torch.einsum('bhs,bshd->bhd', scores.softmax(-1), vals).reshape(B, nh * hd).to(torch.bfloat16)
+        h = h + att @ self.w[p + 'self_attn.o_proj.weight'].t()
         x = rms_norm(h, self.w[p + 'post_attention_layernorm.weight'], cfg.rms_eps)
         idx, wts = route(cfg, x, self.w[p + 'mlp.gate.weight'], self.w[p + 'mlp.gate.e_score_correction_bias'])
         if valid is not None:
@@ -95,26 +101,58 @@ class Model:
         gu, dn = self.shared[layer]
         return h, x, idx, wts, (lambda: expert_mlp(x, gu[0], dn[0]))
 
+    def _micro_batch(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                     valid: Optional[torch.Tensor], mb: int):
+        """One micro-batch's forward as a generator of SGLang's decode stages (operations_strategy.py, the
+        DeepSeek-blog decode schedule), six per layer, a `yield` after each: attention prepare | attention core and
+        routing | dispatch send | dispatch receive, experts, combine send | combine receive | output. Returns the
+        final hidden states."""
+        h = self.w['model.embed_tokens.weight'][tokens]
+        for layer in range(self.cfg.num_layers):
+            q = self._attention_prepare(layer, h, pos, slots)
+            yield
+            h, x, idx, wts, shared = self._attention_core(layer, h, q, pos, slots, valid)
+            yield
+            st = self.moe.send(layer, x, idx, wts, shared, mb)
+            yield
+            self.moe.middle(st)
+            yield
+            h = h + self.moe.finish(st)
+            yield
+            yield  # the output stage: nothing left to do here (the residual is added with the combine's receive)
+        return h
+
     def forward_two_batches(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                             valid: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """forward() as two micro-batches (the first ceil(B/2) rows, the rest) interleaved per layer, SGLang's
-        two-batch overlap for decode: A's attention and routing, A's dispatch sent; B's the same (B's attention runs
-        while A's tokens travel); then A's and B's receive, experts and combine send; then both combines received.
-        Two low-latency operations are in flight on the one Buffer; a micro-batch without tokens still makes its
-        calls (EpMoE sends a dummy token)."""
-        cfg, n = self.cfg, tokens.shape[0]
+        """forward() as two micro-batches (the first ceil(B/2) rows, the rest), SGLang's two-batch overlap for
+        decode: the stages of _micro_batch, B two stages behind A (tbo_delta_stages = 2), A's stage first in each
+        round. So B's attention runs while A's dispatch and combine travel, A's next layer's attention while B's
+        combine travels, and each low-latency operation is received before the next one is sent: per layer A's
+        dispatch, A's combine, B's dispatch, B's combine (the order StagedMoE.idle makes; DeepEP's double buffer
+        supports only that order: its next call clears the other half's signals, so a second dispatch sent before
+        the first is received hangs it). A micro-batch without tokens still makes its calls (EpMoE sends a dummy
+        token)."""
+        n = tokens.shape[0]
         cut = n - n // 2
         parts = [slice(0, cut), slice(cut, n)]
-        hs = [self.w['model.embed_tokens.weight'][tokens[s]] for s in parts]
-        for layer in range(cfg.num_layers):
-            states = []
-            for mb, s in enumerate(parts):
-                hs[mb], x, idx, wts, shared = self._pre_moe(layer, hs[mb], pos[s], slots[s],
-                                                            None if valid is None else valid[s])
-                states.append(self.moe.send(layer, x, idx, wts, shared, mb))
-            for st in states:
-                self.moe.middle(st)
-            hs = [h + self.moe.finish(st) for h, st in zip(hs, states)]
+        stages = [self._micro_batch(tokens[s], pos[s], slots[s], None if valid is None else valid[s], mb)
+                  for mb, s in enumerate(parts)]
+        hs: List[Optional[torch.Tensor]] = [None, None]
+
+        def advance(mb: int) -> bool:
+            try:
+                next(stages[mb])
+                return True
+            except StopIteration as done:
+                hs[mb] = done.value
+                return False
+
+        for _ in range(2):  # the delay of B behind A
+            advance(0)
+        running = [True, True]
+        while any(running):
+            for mb in (0, 1):
+                running[mb] = running[mb] and advance(mb)
         return self._logits(torch.cat(hs))
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
@@ -125,7 +163,8 @@ class Model:
         cfg = self.cfg
         h = self.w['model.embed_tokens.weight'][tokens]
         for layer in range(cfg.num_layers):
-            h, x, idx, wts, shared = self._pre_moe(layer, h, pos, slots, valid)
+            q = self._attention_prepare(layer, h, pos, slots)
+            h, x, idx, wts, shared = self._attention_core(layer, h, q, pos, slots, valid)
             h = h + self.moe(layer, x, idx, wts, shared)
         return self._logits(h)
 

@@ -81,12 +81,11 @@ class StagedMoE:
 
     def idle(self, layer: int, micro_batches: int = 1) -> None:
         """A rank without requests still takes part in every layer's exchanges, in the order the others make them
-        (with two-batch overlap: both sends, then both middles, then both finishes): no tokens."""
-        states = [self.send(layer, self.dummy_x[:0], self.dummy_idx[:0], self.dummy_w[:0], None, mb)
-                  for mb in range(micro_batches)]
-        for st in states:
+        (with two-batch overlap: micro-batch A's dispatch and combine, then B's; Model.forward_two_batches): no
+        tokens."""
+        for mb in range(micro_batches):
+            st = self.send(layer, self.dummy_x[:0], self.dummy_idx[:0], self.dummy_w[:0], None, mb)
             self.middle(st)
-        for st in states:
             self.finish(st)
 
 
@@ -133,7 +132,7 @@ class EpMoE(StagedMoE):
         E_loc = cfg.num_experts // num_ranks
         mine = range(rank * E_loc, (rank + 1) * E_loc)
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, mine)) for layer in range(cfg.num_layers)]
-        # Combine outputs, one area per micro-batch: two-batch overlap has both combines in flight.
+        # Combine outputs, one area per micro-batch: two-batch overlap's micro-batches never write one area.
         self.out = torch.empty((2, max_tokens, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_x = torch.zeros((1, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_idx = torch.full((1, cfg.top_k), -1, dtype=torch.int64, device=device)
