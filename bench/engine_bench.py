@@ -12,10 +12,12 @@ system not importable, NCCL refusing two ranks on one GPU, ...) is reported with
       --batches 1 8 32 128 --systems llep deepep nccl --modes eager graphs graphs+tbo --json e.json --png e.png
 
 Output: a table (step ms; tokens/s per rank; ratio to llep), the JSON (written after every run), a PNG (step latency vs
-batch size), and beside the JSON the whole output of each failed run (NAME.SYSTEM.MODE.B.log)."""
+batch size), and beside the JSON the whole output of each failed or timed-out run (NAME.SYSTEM.MODE.B.log, "+" in MODE
+as "_"), and per run every rank's sorted step times (rank_step_ms)."""
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,23 +33,29 @@ def run_one(a, system: str, mode: str, batch: int) -> dict:
            str(a.new_tokens), '--workdir', workdir, *MODES[mode], *(['--layers', str(a.layers)] if a.layers else []),
            *(['--fp8'] if a.fp8 else [])]
     t0 = time.time()
+    # Its own process group: a run past the time limit is killed with its rank processes, which would otherwise
+    # stay behind, hung on the GPUs, and slow the next runs down.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        out = p.communicate(timeout=a.timeout)[0]
+        error = '' if p.returncode == 0 else f'exit {p.returncode}'
     except subprocess.TimeoutExpired:
-        return {'error': f'timed out after {a.timeout} s'}
-    if p.returncode != 0:
-        tail = [line for line in (p.stdout + p.stderr).splitlines() if line.strip()][-3:]
+        os.killpg(p.pid, signal.SIGKILL)
+        out = p.communicate()[0]  # what it printed until then (a hang's last words) still goes to the log
+        error = f'timed out after {a.timeout} s'
+    if error:
+        tail = [line for line in out.splitlines() if line.strip()][-3:]
         log = ''
         if a.json:  # the whole output beside the JSON: the table keeps only its last lines
-            log = f'{os.path.splitext(a.json)[0]}.{system}.{mode}.{batch}.log'
+            log = f'{os.path.splitext(a.json)[0]}.{system}.{mode.replace("+", "_")}.{batch}.log'
             with open(log, 'w') as f:
-                f.write(' '.join(cmd) + '\n' + p.stdout + p.stderr)
-        return {'error': ' | '.join(tail)[-400:] or f'exit {p.returncode}', 'log': log}
+                f.write(' '.join(cmd) + '\n' + out)
+        return {'error': (error + ': ' + ' | '.join(tail))[-400:], 'log': log}
     ranks = [json.load(open(os.path.join(workdir, f'rank{r}.json'))) for r in range(a.ranks)]
     medians = [r['step_ms'][len(r['step_ms']) // 2] for r in ranks if r['step_ms']]
     step = max(medians)
     return {'step_ms': step, 'tokens_per_s_per_rank': batch / step * 1e3, 'steps': max(r['steps'] for r in ranks),
-            'run_s': time.time() - t0}
+            'run_s': time.time() - t0, 'rank_step_ms': [r['step_ms'] for r in ranks]}
 
 
 def table(a, res) -> str:
