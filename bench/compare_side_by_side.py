@@ -4,22 +4,20 @@
 import json
 import sys
 
-COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'cpu_d', 'cpu_c', 'cpu_d_dd',
-           'cpu_c_dd')
-
-
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
     base, new = (json.load(open(p)) for p in sys.argv[1:3])
     rows_b = {r['T']: r for r in base['rows']}
+    # the columns both files measured, in the benchmark's order (a column added later is absent from older files)
+    columns = [k[5:] for k in new['rows'][0] if k.startswith('llep_') and any(k in r for r in base['rows'])]
     print(f'llep A/B on {new["ranks"]} ranks, {new["gpu"]}: cells base / new (new/base); DeepEP in brackets (µs)')
-    print(f'{"T":>4} | ' + ' '.join(f'{c:>22}' for c in COLUMNS))
+    print(f'{"T":>4} | ' + ' '.join(f'{c:>22}' for c in columns))
     for r in new['rows']:
         b = rows_b.get(r['T'], {})
         cells = []
-        for c in COLUMNS:
+        for c in columns:
             x, y, d = b.get(f'llep_{c}'), r.get(f'llep_{c}'), r.get(f'deepep_{c}')
             cell = '-' if x is None or y is None else f'{x:.1f}/{y:.1f} ({y / x:.2f})'
             cells.append(f'{cell + (f" [{d:.1f}]" if d is not None else ""):>22}')

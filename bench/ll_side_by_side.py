@@ -10,6 +10,8 @@ Columns, per system (medians of --iters, then the maximum over ranks: the slowes
                       low_latency_dispatch + low_latency_combine from Python, one CUDA event. No GPU sleep: the
                       host's cost per call is in the number, as in an engine that does not capture graphs
   graph               the same two calls captured in one CUDA graph; the gap around one replay
+  graph16             per round trip, in one CUDA graph of 16 round trips back to back (an engine's captured decode
+                      step without its compute): no barrier exit or launch gap in it, so closest to the transport
   cpu.d / cpu.c       host CPU µs inside each Python call (perf_counter around it) while the GPU is kept busy ahead,
                       so no call waits for the device; *_dd: the same after torch.set_default_device('cuda'), which
                       DeepEP's test and some engines set (it sends every Python-level tensor call through a hook)
@@ -40,8 +42,9 @@ from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
-COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'cpu_d', 'cpu_c', 'cpu_d_dd',
-           'cpu_c_dd')
+COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'graph16', 'cpu_d', 'cpu_c',
+           'cpu_d_dd', 'cpu_c_dd')
+GRAPH_ROUND_TRIPS = 16
 
 
 
@@ -85,6 +88,28 @@ def _eager_times(fn, iters):
         b[i].record()
     torch.cuda.synchronize()
     return statistics.median(a[i].elapsed_time(b[i]) * 1000 for i in range(iters))
+
+
+def _graph_time(round_trip, n, iters):
+    """_eager_times of one replay of a CUDA graph holding n round trips (warmed up on the capture stream first)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        round_trip()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    dist.barrier()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            round_trip()
+    torch.cuda.synchronize()
+    dist.barrier()
+    for _ in range(10):
+        g.replay()
+    t = _eager_times(g.replay, iters)
+    del g
+    return t
 
 
 def _cpu_times(dispatch, combine, iters):
@@ -173,22 +198,8 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     r['h_ds'], r['h_dr'] = med(kh['dispatch'][0::2]), med(kh['dispatch'][1::2])
     r['h_cs'], r['h_cr'] = med(kh['combine'][0::2]), med(kh['combine'][1::2])
     r['eager'] = _eager_times(plain, iters)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        plain()  # warm-up on the capture stream
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    dist.barrier()
-    with torch.cuda.graph(g):
-        plain()
-    torch.cuda.synchronize()
-    dist.barrier()
-    for _ in range(10):
-        g.replay()
-    r['graph'] = _eager_times(g.replay, iters)
-    del g
+    r['graph'] = _graph_time(plain, 1, iters)
+    r['graph16'] = _graph_time(plain, GRAPH_ROUND_TRIPS, iters) / GRAPH_ROUND_TRIPS
 
     def d():
         return sysm.dispatch(x, topk, T_max)[2]
@@ -277,7 +288,8 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
                 cells.append(f'{a:>6.1f}/{b:>5.1f} {a / b:>4.2f}')
         print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
     print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c), eager = host-inclusive round '
-          'trip, graph = one replay of both, cpu = host µs per call (_dd: with a default device)')
+          'trip, graph = one replay of both, graph16 = per round trip in a graph of 16, cpu = host µs per call (_dd: '
+          'with a default device)')
     refused = [r['T'] for r in rows if r['deepep_refuses_T']]
     if refused:
         print(f'DeepEP refuses num_max_dispatch_tokens_per_rank = T for T in {refused} (R * T % 4 != 0): both ran '
