@@ -3,7 +3,7 @@
 dispatch + combine with known routing over several MoE layers (the dispatch's `layer` keyword) and serve /metrics on
 loopback; a Debian `prometheus` server scrapes them with the project's recording rules loaded. Its HTTP API must
 report, per rank, layer and expert, exactly the routed token counts, and histogram counts equal to the number of
-operations; then every query of the Grafana dashboard (metrics/grafana/llep_dashboard.json) is run against it and
+operations (each operation also reported as an engine's decode step, for the engine panels); then every query of the Grafana dashboard (metrics/grafana/llep_dashboard.json) is run against it and
 must return data, and the per-layer ones must show what the routing implies: the layer x expert heatmap the load of
 the traffic phase per (layer, expert) (zero where nothing was routed), the per-layer imbalance panel max/mean per
 layer (layer 1's routing is skewed on purpose, layer 0's is not). Everything binds 127.0.0.1 and the test stops by
@@ -94,6 +94,8 @@ def _rank(rank, port, workdir):
                                                                      return_recv_hook=True, layer=layer)
             hook()
             buf.low_latency_combine(recv, topk, w, handle)
+            # as an engine reports its decode steps (a no-op before the exporter starts): the engine panels' series
+            buf.observe_decode_step(0.001 * (1 + it % 3), topk.size(0))
 
     def publish(name, info):
         with open(os.path.join(workdir, f'{name}.tmp'), 'w') as f:
