@@ -132,7 +132,7 @@ class EpMoE(StagedMoE):
         E_loc = cfg.num_experts // num_ranks
         mine = range(rank * E_loc, (rank + 1) * E_loc)
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, mine)) for layer in range(cfg.num_layers)]
-        # Combine outputs, one area per micro-batch: two-batch overlap's micro-batches never write one area.
+        # Combine outputs, one area per micro-batch of two-batch overlap (output rows of A and B stay apart).
         self.out = torch.empty((2, max_tokens, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_x = torch.zeros((1, cfg.hidden), dtype=torch.bfloat16, device=device)
         self.dummy_idx = torch.full((1, cfg.top_k), -1, dtype=torch.int64, device=device)
