@@ -38,15 +38,17 @@ from llep.utils import free_port
 
 
 # (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters)
-def _cases(quick):
+def _cases(quick, ranks=(4, 2)):
     cases = []
     modes = ['fp8', 'bf16', 'fp8_round', 'ue8m0']
     i = 0
-    for R in (4, 2):
+    for R in [4, 2] + [r for r in ranks if r not in (4, 2)]:  # 4 and 2 first: their case names stay as they were
         # top-8 (the decode shape) and two wider top-k (the kernels' K > 8 code paths).
         for (n, H, E, K) in ((1, 7168, 256, 8), (3, 2048, 64, 8), (64, 4096, 288, 8), (128, 7168, 256, 8),
                              (256, 7168, 256, 8), (128, 2048, 288, 8), (64, 7168, 64, 8), (64, 2048, 64, 12),
                              (32, 4096, 288, 16)):
+            if E % R:
+                continue  # experts split evenly over ranks (E = 288 serves R = 9)
             T = max(n, 4)
             for routing in ('random', 'hot'):
                 mode = modes[i % len(modes)]
@@ -260,7 +262,7 @@ def _check_metrics(buf, ops, expected_recv, expected_sent):
 
 def _error_cases(rank, R, gloo, log):
     """Bad expert id (recoverable) and a silent peer (timeout, not a hang)."""
-    T, H, E, K = 8, 2048, 16, 4
+    T, H, E, K = 8, 2048, 16 if 16 % R == 0 else 2 * R, 4
     dev = torch.device('cuda', torch.cuda.current_device())
     buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
     buf.backend = 'cuda'
@@ -344,7 +346,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--results', default='gpu_vs_cpu.jsonl')
     ap.add_argument('--quick', action='store_true')
-    ap.add_argument('--ranks', type=int, nargs='*', default=[4, 2])
+    ap.add_argument('--ranks', type=int, nargs='*', default=[4, 2],
+                    help='rank counts to run, each with every case (more than 8 reaches the kernels\' '
+                         'large-R paths, e.g. the dispatch receive\'s layout table in every CTA)')
     ap.add_argument('--ranks-per-node', type=int, default=0,
                     help='virtual nodes of N ranks: inter-node traffic through the CPU proxy (0 = one node)')
     args = ap.parse_args()
@@ -352,7 +356,7 @@ def main():
         print('gpu_vs_cpu: SKIPPED (no CUDA device or llep built without CUDA)')
         return 0
     open(args.results, 'w').close()
-    all_cases = _cases(args.quick)
+    all_cases = _cases(args.quick, args.ranks)
     rc = 0
     for R in args.ranks:
         cases = [c for c in all_cases if c[1] == R]
