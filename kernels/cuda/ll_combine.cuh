@@ -210,7 +210,7 @@ __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* route
 }
 
 /// Plans its tokens (PlanCombineRound) and loads their weights while the call state is read, opens the gate, waits
-/// for the expert ranks' signals, then reduces. The last CTA (tokenless when T < G, so off the critical path) also
+/// for the expert ranks' signals, then reduces. The last CTA (tokenless at small T, so off the critical path) also
 /// counts the rows routed to each rank and checks that every expert rank returned exactly those; every CTA checks that
 /// the rows it reads exist.
 __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
@@ -237,17 +237,27 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     __syncthreads();
     CountRoutedRows(p, seq, routed);
   }
-  const int my_tokens = p.num_tokens > static_cast<int>(blockIdx.x) ? (p.num_tokens - blockIdx.x + G - 1) / G : 0;
+  // Tokens b, b + G_tok, ... of CTA b's token slot b % G_tok; its segment b / G_tok reduces that share of each token's
+  // 256-channel chunks. One segment (every chunk) unless there are fewer tokens than CTAs: then a token's chunks are
+  // split over up to `segs` CTAs, each planning the token itself (in parallel), so that no warp reduces more than one
+  // chunk — at T=1 one CTA's 16 warps took two dependent rounds of row loads for the 28 chunks of H=7168. Measured
+  // (bench/RESULTS.md session 17): receive launch -7 to -10 % at T <= 32; +4 to +9 % at T >= 128, where nothing is
+  // split — not from this arithmetic: a variant running the unsplit case in its own instantiation was as slow.
+  const int chunks = (H + 255) / 256;  // 8 channels per lane
+  const int segs = max(1, min((chunks + kWarps - 1) / kWarps, G / max(p.num_tokens, 1)));
+  const int G_tok = G / segs, slot = static_cast<int>(blockIdx.x) % G_tok, seg = static_cast<int>(blockIdx.x) / G_tok;
+  const int ch_lo = seg * chunks / segs, seg_chunks = (seg + 1) * chunks / segs - ch_lo;
+  const int my_tokens = seg < segs && p.num_tokens > slot ? (p.num_tokens - slot + G_tok - 1) / G_tok : 0;
   for (int round = 0; round < my_tokens || round == 0; round += kWarps) {
     const int n = max(0, min(kWarps, my_tokens - round));
     // The weights load before the plan's topk loads, so the two are one round trip, not two (the CTAs that plan a
     // token spent ~3 us on each at T=1: recv_trace).
     const float weight =
-        warp < n && lane < K ? p.topk_weights[int64_t{blockIdx.x + (round + warp) * G} * K + lane] : 0.0f;
+        warp < n && lane < K ? p.topk_weights[int64_t{slot + (round + warp) * G_tok} * K + lane] : 0.0f;
     if (K <= 8) {
-      PlanCombineRound<8>(c, p.topk_idx, p.num_tokens, blockIdx.x + round * G, G, n, K, seq, scratch, plans);
+      PlanCombineRound<8>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, seq, scratch, plans);
     } else {
-      PlanCombineRound<kK>(c, p.topk_idx, p.num_tokens, blockIdx.x + round * G, G, n, K, seq, scratch, plans);
+      PlanCombineRound<kK>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, seq, scratch, plans);
     }
     if (warp < n && lane < K) rplans[warp].weight[lane] = weight;
     __syncthreads();
@@ -286,12 +296,11 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     }
     __syncthreads();
     if (*failed) return;
-    const int chunks = (H + 255) / 256;  // 8 channels per lane
-    for (int item = warp; item < n * chunks; item += kWarps) {
-      const int tw = item / chunks, ch = item % chunks;
+    for (int item = warp; item < n * seg_chunks; item += kWarps) {
+      const int tw = item / seg_chunks, ch = ch_lo + item % seg_chunks;
       const int c0 = ch * 256 + lane * 8;
       if (c0 >= H) continue;
-      const int t = blockIdx.x + (round + tw) * G;
+      const int t = slot + (round + tw) * G_tok;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (K <= 8) {
         ReduceChunk<8>(rplans[tw], K, c0, acc);

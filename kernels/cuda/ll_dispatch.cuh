@@ -231,6 +231,52 @@ __device__ __forceinline__ void LoadScalePass(const float* scales, int num_scale
   }
 }
 
+/// A message's place: its source and its index among that source's messages.
+struct MessageRef {
+  int src, j;
+};
+
+/// Messages counted over all sources (counts[src] each, -1 for a masked source: none). Warp-collective.
+__device__ __forceinline__ int WarpMessageTotal(const int* counts, int R) {
+  const int lane = threadIdx.x % 32;
+  int total = 0;
+  for (int s0 = 0; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(counts[s0 + lane], 0) : 0);
+  return total;
+}
+
+/// Message m (< WarpMessageTotal) of the messages taken in source order: a warp scan per 32 sources, so a warp
+/// finds it without a CTA-wide scan and its barriers. Warp-collective, m warp-uniform.
+__device__ __forceinline__ MessageRef LocateMessage(const int* counts, int R, int m) {
+  const int lane = threadIdx.x % 32;
+  int carry = 0;
+  for (int s0 = 0; s0 < R; s0 += 32) {
+    const int v = s0 + lane < R ? max(counts[s0 + lane], 0) : 0;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = gpu::WarpShflUp(incl, o);
+      if (lane >= o) incl += y;
+    }
+    const int chunk = gpu::WarpShfl(incl, 31);
+    if (m < carry + chunk) {
+      // Sources of this chunk that end at or before m: a prefix of the lanes, so their count is m's source.
+      const int q = __popc(gpu::WarpBallot(carry + incl <= m));
+      return MessageRef{s0 + q, m - carry - gpu::WarpShfl(incl - v, q)};
+    }
+    carry += chunk;
+  }
+  return MessageRef{R - 1, 0};  // not reached for m < total
+}
+
+/// The dispatch receive (one launch; every CTA):
+///  1. waits for every source's signal (its message count; the peeked words when they are there already);
+///  2. reads the route counts and builds the layout: local expert le's block holds the rows of source 0, then source
+///     1, ... (begin[src][le] = the sum of cnt[src' < src][le]). The last CTA (tokenless at small T) also writes the
+///     handle (recv_count, layout_range, statistics);
+///  3. copies messages (one per (token, rank)) to their rows. A warp finds its message's source by a warp scan over
+///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy).
+/// Tried (bench/RESULTS.md session 17): each selection's lane reading only the counts it needs instead of the table
+/// (a load that depends on the header: as slow as the table), and the first message's loads issued before the table
+/// (held in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).
 __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
@@ -241,11 +287,11 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int num_packed = L.shape.num_packed_ue8m0();
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
-  // Shared: failed flag, warp sums, msg_start[R + 1], cnt[E] ([src][le]), begin[E] ([src][le]).
+  const bool writes_handle = blockIdx.x == G - 1;
+  // Shared: failed flag, msg_count[R] (messages per source, -1 masked), cnt[E] ([src][le]), begin[E] ([src][le]).
   int* failed = reinterpret_cast<int*>(smem);
-  int* warp_sums = failed + 4;
-  int* msg_start = warp_sums + kWarps;
-  int* cnt = msg_start + R + 1;
+  int* msg_count = failed + 4;
+  int* cnt = msg_count + R;
   int* begin = cnt + E;
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
@@ -256,45 +302,41 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   if (seq == 0) return;
   if (was_open) __syncthreads();
   const int half = protocol::HalfOfSeq(seq);
-  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_start, failed,
-                 peeked);  // messages per source
+  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
   __syncthreads();
   Trace(c, LlOp::kDispatch, kTraceSignals);
   StampWaitEnd(c, seq);
   if (*failed) return;
+
+  // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not read.
   for (int i = tid; i < E; i += kThreads) {
-    const int src = L.local_experts.Div(i), le = i - src * E_loc;
-    // A masked source (msg_start -1, rank masking) sends nothing: its route block is stale and not read.
-    const uint32_t v =
-        msg_start[src] < 0 ? 0u : reinterpret_cast<const uint32_t*>(SrcBase(c, src) + L.RouteRecvOffset(half, src))[le];
-    if (v > static_cast<uint32_t>(T)) {
-      RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, -1);
-      *failed = 1;
-    }
-    cnt[i] = static_cast<int>(v);
+    const int sr = L.local_experts.Div(i), le = i - sr * E_loc;
+    const uint32_t n =
+        msg_count[sr] < 0 ? 0u : reinterpret_cast<const uint32_t*>(SrcBase(c, sr) + L.RouteRecvOffset(half, sr))[le];
+    if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // recorded after the barrier: no call in this loop
+    cnt[i] = static_cast<int>(n);
   }
   __syncthreads();
-  if (*failed) return;
-  // Blocks of one local expert are ordered by source: begin[src][le] = sum over src' < src of cnt[src'][le].
+  if (*failed) {
+    if (tid == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, *failed - 1, seq, -1);
+    return;
+  }
   for (int le = tid; le < E_loc; le += kThreads) {
     int acc = 0;
-    for (int src = 0; src < R; ++src) {
-      const int v = cnt[src * E_loc + le];
-      begin[src * E_loc + le] = acc;
-      if (blockIdx.x == 0) p.layout_range[int64_t{le} * R + src] = protocol::PackLayoutRange(v, acc);
-      acc += v;
+    for (int sr = 0; sr < R; ++sr) {
+      const int n = cnt[sr * E_loc + le];
+      begin[sr * E_loc + le] = acc;
+      if (writes_handle) p.layout_range[int64_t{le} * R + sr] = protocol::PackLayoutRange(n, acc);
+      acc += n;
     }
-    if (blockIdx.x == 0) {
+    if (writes_handle) {
       p.recv_count[le] = acc;
       if (p.cumulative_local_expert_recv_stats != nullptr) atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
       if (c.metrics != nullptr)
         AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
     }
   }
-  for (int src = tid; src < R; src += kThreads) msg_start[src] = max(msg_start[src], 0);  // the barrier above: cnt read
-  if (tid == 0) msg_start[R] = 0;
   __syncthreads();
-  const int total = BlockExclusiveScan(msg_start, R + 1, warp_sums);
   Trace(c, LlOp::kDispatch, kTraceRecvPlanned);
 
   // A message (one per (token, rank)) carries up to top-k rows. When there are fewer messages than CTAs, several
@@ -303,27 +345,28 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // small-T receive (recv_trace at T=1: 2.9 us for the payload's 8 rows, then 1.4 us for their scales). Segments
   // target one item per CTA, not per warp: splitting down to a warp per slice at T=128 (1 rank) cost the dispatch
   // kernel 7 % (re-read headers, more warps fetching cold code), bench/RESULTS.md session 14.
+  const int total = WarpMessageTotal(msg_count, R);
   const int64_t bytes = fp8 ? H : int64_t{2} * H;
   const int slices = static_cast<int>((bytes + 511) / 512);
   const int segs = total > 0 ? max(1, min(slices, G / total)) : 1;
   const int per_msg = segs + (fp8 ? 1 : 0);
   for (int item = warp * G + blockIdx.x; item < total * per_msg; item += G * kWarps) {
     const int m = item / per_msg, s = item - m * per_msg;
-    const bool lead = s == 0;  // the message's first item records its errors and writes src_info
-    const bool scale_item = s == segs;
-    const int64_t lo = scale_item ? 0 : int64_t{s * slices / segs} * 512;
-    const int64_t seg_bytes = scale_item ? 0 : min(bytes, int64_t{(s + 1) * slices / segs} * 512) - lo;
-    const int src = FindBlock(msg_start, R, m), j = m - msg_start[src];
+    const int64_t lo = s == segs ? 0 : int64_t{s * slices / segs} * 512;
+    const int64_t seg_bytes = s == segs ? 0 : min(bytes, int64_t{(s + 1) * slices / segs} * 512) - lo;
+    const MessageRef ref = LocateMessage(msg_count, R, m);
+    const int src = ref.src, j = ref.j;
     const uint8_t* in = SrcBase(c, src);
     const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
     const uint8_t* payload = in + L.DispatchRecvOffset(half, src, j, fp8);
-    const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
-    // The header, the segment's first pass and the first scales are independent loads: all issued together.
+    // The header, the segment's first pass and the first scales: independent loads, issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
     uint4 v[kCopyRegs];
     LoadCopyPass(payload + lo, seg_bytes, 0, v);
     float sc[4];
-    if (scale_item) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
+    const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
+    if (s == segs) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
+    const bool lead = s == 0;  // the message's first item records its errors and writes src_info
     const int src_token = static_cast<int>(gpu::WarpShfl(word, 0));
     const uint32_t w1 = gpu::WarpShfl(word, 1);
     const int num_sel = static_cast<int>(w1 & 0xFFFF);
@@ -361,7 +404,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
         StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, base, v);
       }
     }
-    if (!scale_item) continue;
+    if (s != segs) continue;
     // Scales, 128 per pass (4 per lane). fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte
     // g % 4 of word (le, g / 4, row) is group g's exponent.
     for (int g0 = 0; g0 < num_scales; g0 += 128) {

@@ -10,17 +10,19 @@
 //                  Before its tokens, CTA G-1-d (strided, so the CTAs without tokens when T < G) counts the
 //                  tokens per local expert for destination d and writes that route-block prefix; after its own
 //                  tokens it waits for d's messages and publishes d's signal.
-//  dispatch recv   every CTA waits for all R signals, reads the route-block counts and computes the packed
-//                  layout (blocks in source order); warps take messages (one per warp: header, payload and
-//                  scales loaded together) and fan each payload out to its rows from registers. CTA 0 writes
-//                  recv_count, layout_range and the statistics.
+//  dispatch recv   every CTA waits for all R signals, issues its warps' first message loads (header, payload
+//                  segment and scales together; a message split over several CTAs at small T), and meanwhile reads
+//                  the route-block counts and computes the packed layout (blocks in source order); the last CTA
+//                  writes recv_count, layout_range and the statistics. Warps locate messages by a warp scan and
+//                  fan each payload out to its rows from registers.
 //  combine send    every CTA reads layout_range and computes, per (local expert, home rank), the position of the
 //                  block in the home rank's receive area; warps copy one row each (flattened over all blocks),
 //                  each followed by a fence and a completion add; CTA G-1-d publishes rank d's signal.
 //  combine recv    every CTA plans its first tokens: each slot's row position in its expert rank's return area,
 //                  counted by comparing with every token's selections (no per-expert histogram); the last CTA
 //                  counts the rows routed per rank for the check. Then it waits for all signals and reduces top-k
-//                  rows in fp32 fma order, 256 channels per warp item, exactly as the CPU backend does.
+//                  rows in fp32 fma order, 256 channels per warp item, exactly as the CPU backend does; with
+//                  fewer tokens than CTAs a token's chunks are split over CTAs, one item per warp.
 // Each phase runs its first, call-independent work while the call state is read (ll_call_gate.cuh).
 // Signals: per destination, the CTA that knows the message count polls the completion counter and publishes the
 // signal word (PublishWhenDone).
@@ -94,7 +96,7 @@ cudaError_t FlushLlMetrics(const LlDeviceContext& ctx, cudaStream_t stream) {
 
 int64_t DispatchSharedBytes(const protocol::LlShape& s) {
   const int64_t send = DispatchScratchOffset(s) + static_cast<int64_t>(sizeof(PlanScratch));
-  const int64_t recv = int64_t{4} * (4 + kWarps + s.num_ranks + 1 + 2 * int64_t{s.num_experts});
+  const int64_t recv = int64_t{4} * (4 + s.num_ranks + 2 * int64_t{s.num_experts});
   return protocol::AlignUp(send > recv ? send : recv, 16);
 }
 
