@@ -313,7 +313,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     const int sr = L.local_experts.Div(i), le = i - sr * E_loc;
     const uint32_t n =
         msg_count[sr] < 0 ? 0u : reinterpret_cast<const uint32_t*>(SrcBase(c, sr) + L.RouteRecvOffset(half, sr))[le];
-    if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // recorded after the barrier: no call in this loop
+    if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
     cnt[i] = static_cast<int>(n);
   }
   __syncthreads();

@@ -10,11 +10,11 @@
 //                  Before its tokens, CTA G-1-d (strided, so the CTAs without tokens when T < G) counts the
 //                  tokens per local expert for destination d and writes that route-block prefix; after its own
 //                  tokens it waits for d's messages and publishes d's signal.
-//  dispatch recv   every CTA waits for all R signals, issues its warps' first message loads (header, payload
-//                  segment and scales together; a message split over several CTAs at small T), and meanwhile reads
-//                  the route-block counts and computes the packed layout (blocks in source order); the last CTA
-//                  writes recv_count, layout_range and the statistics. Warps locate messages by a warp scan and
-//                  fan each payload out to its rows from registers.
+//  dispatch recv   every CTA waits for all R signals, reads the route-block counts and computes the packed
+//                  layout (blocks in source order); the last CTA writes recv_count, layout_range and the
+//                  statistics. Warps locate messages by a warp scan (header, payload segment and scales loaded
+//                  together; a message split over several CTAs at small T) and fan each payload out to its rows
+//                  from registers.
 //  combine send    every CTA reads layout_range and computes, per (local expert, home rank), the position of the
 //                  block in the home rank's receive area; warps copy one row each (flattened over all blocks),
 //                  each followed by a fence and a completion add; CTA G-1-d publishes rank d's signal.

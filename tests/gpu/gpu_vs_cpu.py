@@ -347,8 +347,8 @@ def main():
     ap.add_argument('--results', default='gpu_vs_cpu.jsonl')
     ap.add_argument('--quick', action='store_true')
     ap.add_argument('--ranks', type=int, nargs='*', default=[4, 2],
-                    help='rank counts to run, each with every case (more than 8 reaches the kernels\' '
-                         'large-R paths, e.g. the dispatch receive\'s layout table in every CTA)')
+                    help='rank counts to run, each with the cases whose experts it divides (e.g. 9: the '
+                         'E = 288 cases; more sources per receive than 2 or 4)')
     ap.add_argument('--ranks-per-node', type=int, default=0,
                     help='virtual nodes of N ranks: inter-node traffic through the CPU proxy (0 = one node)')
     args = ap.parse_args()
