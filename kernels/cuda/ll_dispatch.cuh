@@ -251,11 +251,7 @@ __device__ __forceinline__ MessageRef LocateMessage(const int* counts, int R, in
   int carry = 0;
   for (int s0 = 0; s0 < R; s0 += 32) {
     const int v = s0 + lane < R ? max(counts[s0 + lane], 0) : 0;
-    int incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = gpu::WarpShflUp(incl, o);
-      if (lane >= o) incl += y;
-    }
+    const int incl = WarpInclusiveScan(v);
     const int chunk = gpu::WarpShfl(incl, 31);
     if (m < carry + chunk) {
       // Sources of this chunk that end at or before m: a prefix of the lanes, so their count is m's source.

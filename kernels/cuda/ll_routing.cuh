@@ -207,6 +207,16 @@ __device__ void PlanRoundAnyK(const LlDeviceContext& c, const int64_t* topk, int
   }
 }
 
+/// Inclusive prefix sum of v over the warp's lanes (warp-collective).
+__device__ __forceinline__ int WarpInclusiveScan(int v) {
+  const int lane = threadIdx.x % 32;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = gpu::WarpShflUp(v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
 /// In-place exclusive prefix sum of a[0..n) in shared memory by the whole CTA; returns the total.
 __device__ int BlockExclusiveScan(int* a, int n, int* warp_sums) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -214,19 +224,11 @@ __device__ int BlockExclusiveScan(int* a, int n, int* warp_sums) {
   const int lo = min(n, tid * per), hi = min(n, lo + per);
   int s = 0;
   for (int i = lo; i < hi; ++i) s += a[i];
-  int x = s;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = gpu::WarpShflUp(x, o);
-    if (lane >= o) x += y;
-  }
+  const int x = WarpInclusiveScan(s);
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < kWarps ? warp_sums[lane] : 0;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = gpu::WarpShflUp(w, o);
-      if (lane >= o) w += y;
-    }
+    const int w = WarpInclusiveScan(lane < kWarps ? warp_sums[lane] : 0);
     if (lane < kWarps) warp_sums[lane] = w;
   }
   __syncthreads();
