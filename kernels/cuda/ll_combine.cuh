@@ -171,22 +171,25 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
   }
   __syncthreads();
   for (int base = 0; base < num_tokens; base += kThreads) {
+    if (base + warp * 32 >= num_tokens) break;  // warp-uniform; later bases are further out
     const int tp = base + tid;
     if (base > 0) load_row(tp, q);
     for (int w = 0; w < n; ++w) {
-      const bool earlier = tp < first_t + w * stride;
+      const uint32_t tie = tp < first_t + w * stride ? 1u : 0u;  // an earlier token's equal key counts too
       // Not unrolled: a receive runs this once per launch, and its cost at small T was instruction fetch (recv_trace:
       // 6 us in the one CTA that plans a token, unrolled over the slots).
 #pragma unroll 1
       for (int k = 0; k < K; ++k) {
         const uint32_t key = sc->key[w][k];
         if (key == kNoKey) continue;  // uniform over the CTA
+        // Keys on the slot's rank below it (plus an equal one from an earlier token) are those in [lo, key + tie):
+        // one unsigned compare per slot, no branches (the short-circuit form compiled to a branch per slot, and with
+        // every warp running it this loop took 4.2 us of the receive at every T: recv_trace). kNoKey is above every
+        // key's range, so it never counts.
+        const uint32_t lo = key & 0xFFFF0000u, span = key - lo + tie;
         int before = 0;
 #pragma unroll
-        for (int j = 0; j < kMaxK; ++j) {
-          const bool same_rank = q[j] != kNoKey && (q[j] >> 16) == (key >> 16);
-          before += same_rank && (q[j] < key || (q[j] == key && earlier)) ? 1 : 0;
-        }
+        for (int j = 0; j < kMaxK; ++j) before += q[j] - lo < span ? 1 : 0;
         const int r = gpu::WarpSum(before);
         if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
       }
@@ -241,8 +244,8 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   // 256-channel chunks. One segment (every chunk) unless there are fewer tokens than CTAs: then a token's chunks are
   // split over up to `segs` CTAs, each planning the token itself (in parallel), so that no warp reduces more than one
   // chunk — at T=1 one CTA's 16 warps took two dependent rounds of row loads for the 28 chunks of H=7168. Measured
-  // (bench/RESULTS.md session 17): receive launch -7 to -10 % at T <= 32; +4 to +9 % at T >= 128, where nothing is
-  // split — not from this arithmetic: a variant running the unsplit case in its own instantiation was as slow.
+  // (bench/RESULTS.md session 17): receive launch -7 to -10 % at T <= 32 but +4 to +9 % at T >= 128, where nothing
+  // is split (not this arithmetic; cause not found); session 18's branch-free plan took 10-24 % off every T.
   const int chunks = (H + 255) / 256;  // 8 channels per lane
   const int segs = max(1, min((chunks + kWarps - 1) / kWarps, G / max(p.num_tokens, 1)));
   const int G_tok = G / segs, slot = static_cast<int>(blockIdx.x) % G_tok, seg = static_cast<int>(blockIdx.x) / G_tok;
