@@ -161,6 +161,7 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
   }
   __syncthreads();
   for (int base = 0; base < t_last; base += kThreads) {
+    if (base + warp * 32 >= t_last) break;  // warp-uniform (a warp with no earlier token has nothing to count)
     const int tp = base + tid;
     if (base > 0) load_row(tp, q);
     for (int w = 0; w < n; ++w) {
@@ -168,14 +169,19 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
 #pragma unroll
       for (int k = 0; k < kMaxK; ++k) {
         const uint32_t key = sc->key[w][k];
-        bool same_expert = false, same_rank = false;
+        // Branch-free compares (as PlanCombineRound's): the key's rank holds the keys [lo, lo + span); kNoKey
+        // (rank field 0xFFFF, local field 0xFFFF, which no real key of rank 0xFFFF reaches) falls outside. A kNoKey
+        // slot counts nothing.
+        const uint32_t lo = key & 0xFFFF0000u, span = lo == 0xFFFF0000u ? 0xFFFFu : 0x10000u;
+        uint32_t same_expert = 0, same_rank = 0;
 #pragma unroll
         for (int j = 0; j < kMaxK; ++j) {
-          same_expert |= q[j] == key;
-          same_rank |= q[j] != kNoKey && (q[j] >> 16) == (key >> 16);
+          same_expert |= q[j] == key ? 1u : 0u;
+          same_rank |= q[j] - lo < span ? 1u : 0u;
         }
-        const int r = gpu::WarpSum(earlier && same_expert && key != kNoKey ? 1 : 0);
-        const int s = gpu::WarpSum(earlier && same_rank ? 1 : 0);
+        const uint32_t counts = earlier && key != kNoKey ? 1u : 0u;
+        const int r = gpu::WarpSum(static_cast<int>(counts & same_expert));
+        const int s = gpu::WarpSum(static_cast<int>(counts & same_rank));
         if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
         if (lane == 0 && s != 0) atomicAdd(&sc->slot[w][k], s);
       }
