@@ -348,8 +348,9 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int per_msg = segs + (fp8 ? 1 : 0);
   for (int item = warp * G + blockIdx.x; item < total * per_msg; item += G * kWarps) {
     const int m = item / per_msg, s = item - m * per_msg;
-    const int64_t lo = s == segs ? 0 : int64_t{s * slices / segs} * 512;
-    const int64_t seg_bytes = s == segs ? 0 : min(bytes, int64_t{(s + 1) * slices / segs} * 512) - lo;
+    const bool scale_item = s == segs;  // FP8: the message's item that writes the scales (no payload bytes)
+    const int64_t lo = scale_item ? 0 : int64_t{s * slices / segs} * 512;
+    const int64_t seg_bytes = scale_item ? 0 : min(bytes, int64_t{(s + 1) * slices / segs} * 512) - lo;
     const MessageRef ref = LocateMessage(msg_count, R, m);
     const int src = ref.src, j = ref.j;
     const uint8_t* in = SrcBase(c, src);
@@ -361,7 +362,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     LoadCopyPass(payload + lo, seg_bytes, 0, v);
     float sc[4];
     const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
-    if (s == segs) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
+    if (scale_item) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
     const bool lead = s == 0;  // the message's first item records its errors and writes src_info
     const int src_token = static_cast<int>(gpu::WarpShfl(word, 0));
     const uint32_t w1 = gpu::WarpShfl(word, 1);
@@ -400,7 +401,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
         StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, base, v);
       }
     }
-    if (s != segs) continue;
+    if (!scale_item) continue;
     // Scales, 128 per pass (4 per lane). fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte
     // g % 4 of word (le, g / 4, row) is group g's exponent.
     for (int g0 = 0; g0 < num_scales; g0 += 128) {
