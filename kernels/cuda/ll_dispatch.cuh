@@ -26,6 +26,19 @@ __host__ __device__ int64_t DispatchScratchOffset(const protocol::LlShape& s) {
   return protocol::AlignUp(static_cast<int64_t>(sizeof(DispatchSendShared)) + int64_t{4} * s.num_local_experts(), 16);
 }
 
+/// Route-count words a dispatch receive loads early, one per thread (never the gate thread, which is reading the
+/// call state then).
+constexpr int kMaxEarlyRouteCounts = kGateThread;
+
+/// Dispatch receive's shared memory: failed[4], msg_count[R], cnt[E], begin[E], then (E <= kMaxEarlyRouteCounts)
+/// the early route-count words [2][E].
+__host__ __device__ int64_t DispatchRecvEarlyOffset(const protocol::LlShape& s) {
+  return protocol::AlignUp(int64_t{4} * (4 + s.num_ranks + 2 * int64_t{s.num_experts}), 16);
+}
+__host__ __device__ int64_t DispatchRecvSharedBytes(const protocol::LlShape& s) {
+  return DispatchRecvEarlyOffset(s) + (s.num_experts <= kMaxEarlyRouteCounts ? int64_t{16} * s.num_experts : 0);
+}
+
 /// One lane's part of a dispatch payload chunk: 16 channels from c0 as bf16 (a, b) and, in FP8 mode, encoded
 /// (code, the group's scale_inv).
 struct ChunkPayload {
@@ -96,9 +109,11 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     if ((seq = gate.Open()) == 0) return;
     const int half = protocol::HalfOfSeq(seq);
     uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
-    auto* remote_counts = reinterpret_cast<uint32_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
+    auto* remote_counts = reinterpret_cast<uint64_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
                                                                         : c.proxy_region + L.RouteSendOffset(half, d));
-    for (int i = tid; i < E_loc; i += kThreads) remote_counts[i] = static_cast<uint32_t>(counts[i]);
+    for (int i = tid; i < E_loc; i += kThreads) {
+      gpu::StoreRelaxedSys(remote_counts + i, protocol::PackRouteCount(seq, static_cast<uint32_t>(counts[i])));
+    }
     if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
       for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
         const unsigned v = gpu::WarpSum(i0 + lane < E_loc ? static_cast<unsigned>(counts[i0 + lane]) : 0u);
@@ -263,6 +278,12 @@ __device__ __forceinline__ MessageRef LocateMessage(const int* counts, int R, in
   return MessageRef{R - 1, 0};  // not reached for m < total
 }
 
+/// Whether the dispatch receive loads the route counts early (DispatchRecv): all sources NVLink peers (a proxy
+/// source's block is in host memory, read once, after its signal) and one word per thread.
+__device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c) {
+  return c.proxy_region == nullptr && c.layout.shape.num_experts <= kMaxEarlyRouteCounts;
+}
+
 /// The dispatch receive (one launch; every CTA):
 ///  1. waits for every source's signal (its message count; the peeked words when they are there already);
 ///  2. reads the route counts and builds the layout: local expert le's block holds the rows of source 0, then source
@@ -284,16 +305,38 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   const bool writes_handle = blockIdx.x == G - 1;
-  // Shared: failed flag, msg_count[R] (messages per source, -1 masked), cnt[E] ([src][le]), begin[E] ([src][le]).
+  // Shared: failed flag, msg_count[R] (messages per source, -1 masked), cnt[E] ([src][le]), begin[E] ([src][le]),
+  // then the early route-count words [half][E] (DispatchRecvEarlyCounts).
   int* failed = reinterpret_cast<int*>(smem);
   int* msg_count = failed + 4;
   int* cnt = msg_count + R;
   int* begin = cnt + E;
+  auto* early_words = reinterpret_cast<uint64_t*>(smem + DispatchRecvEarlyOffset(L.shape));
+  const auto count_word = [&](int h, int i) {
+    const int sr = L.local_experts.Div(i);
+    return reinterpret_cast<const uint64_t*>(SrcBase(c, sr) + L.RouteRecvOffset(h, sr)) + (i - sr * E_loc);
+  };
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
   if (tid == 0) *failed = 0;
   const bool was_open = gate.is_open();
-  const bool peeked = !was_open && PeekSignals(c, LlOp::kDispatch);
+  // The route counts are tagged with their call (protocol::PackRouteCount), so thread i < E loads word i now, with
+  // the signal peek and while the call state is read: for both halves in a receive-only launch (the half is not known
+  // yet), for the call's half after a send phase. Usually (a hook's receive runs after its send finished everywhere)
+  // the layout table below then needs no load after the signals: one global round trip less (~1 us at T=1, recv_trace).
+  // A word not tagged with the call is loaded again after the signals.
+  const bool early = DispatchRecvEarlyCounts(c);
+  const int known_half = was_open ? protocol::HalfOfSeq(gate.error_seq()) : -1;
+  uint64_t early0 = 0, early1 = 0;
+  if (early && tid < E) {
+    if (known_half != 1) early0 = gpu::LoadRelaxedSys(count_word(0, tid));
+    if (known_half != 0) early1 = gpu::LoadRelaxedSys(count_word(1, tid));
+  }
+  const bool peeked = !was_open && PeekSignals(c, LlOp::kDispatch);  // after the loads above: all in flight together
+  if (early && tid < E) {
+    early_words[tid] = early0;
+    early_words[E + tid] = early1;
+  }
   const uint32_t seq = gate.Open();  // its barrier also publishes *failed = 0, unless the gate was open already
   if (seq == 0) return;
   if (was_open) __syncthreads();
@@ -305,10 +348,15 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   if (*failed) return;
 
   // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not read.
+  // A word still not tagged with the call after the source's signal is a stale or overwritten block: rejected.
   for (int i = tid; i < E; i += kThreads) {
-    const int sr = L.local_experts.Div(i), le = i - sr * E_loc;
-    const uint32_t n =
-        msg_count[sr] < 0 ? 0u : reinterpret_cast<const uint32_t*>(SrcBase(c, sr) + L.RouteRecvOffset(half, sr))[le];
+    const int sr = L.local_experts.Div(i);
+    uint32_t n = 0;
+    if (msg_count[sr] >= 0) {
+      uint64_t w = early ? early_words[half * E + i] : 0;
+      if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, i));
+      n = protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
+    }
     if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
     cnt[i] = static_cast<int>(n);
   }

@@ -10,8 +10,9 @@
 //                  Before its tokens, CTA G-1-d (strided, so the CTAs without tokens when T < G) counts the
 //                  tokens per local expert for destination d and writes that route-block prefix; after its own
 //                  tokens it waits for d's messages and publishes d's signal.
-//  dispatch recv   every CTA waits for all R signals, reads the route-block counts and computes the packed
-//                  layout (blocks in source order); the last CTA writes recv_count, layout_range and the
+//  dispatch recv   every CTA loads the route-block counts (tagged with their call, so before it knows the call,
+//                  with the signal peek), waits for all R signals and computes the packed layout (blocks in
+//                  source order); the last CTA writes recv_count, layout_range and the
 //                  statistics. Warps locate messages by a warp scan (header, payload segment and scales loaded
 //                  together; a message split over several CTAs at small T) and fan each payload out to its rows
 //                  from registers.
@@ -96,7 +97,7 @@ cudaError_t FlushLlMetrics(const LlDeviceContext& ctx, cudaStream_t stream) {
 
 int64_t DispatchSharedBytes(const protocol::LlShape& s) {
   const int64_t send = DispatchScratchOffset(s) + static_cast<int64_t>(sizeof(PlanScratch));
-  const int64_t recv = int64_t{4} * (4 + s.num_ranks + 2 * int64_t{s.num_experts});
+  const int64_t recv = DispatchRecvSharedBytes(s);
   return protocol::AlignUp(send > recv ? send : recv, 16);
 }
 

@@ -208,10 +208,12 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
   // 2. Route blocks: per destination, counts per local expert, then one header per token in slot order.
   for (int d = 0; d < R; ++d) {
     const int64_t blk = L.RouteSendOffset(half, d);
-    auto* counts = reinterpret_cast<uint32_t*>(ctx.local_base + blk);
+    auto* counts = reinterpret_cast<uint64_t*>(ctx.local_base + blk);
     std::memset(counts, 0, static_cast<size_t>(protocol::RouteCountsBytes(L.shape)));
-    for (int le = 0; le < E_loc; ++le)
-      counts[le] = static_cast<uint32_t>(plan.counts[static_cast<size_t>(d) * E_loc + le]);
+    for (int le = 0; le < E_loc; ++le) {
+      counts[le] =
+          protocol::PackRouteCount(a.seq, static_cast<uint32_t>(plan.counts[static_cast<size_t>(d) * E_loc + le]));
+    }
   }
   for (int t = 0; t < plan.num_tokens; ++t) {
     for (int d = 0; d < R; ++d) {
@@ -296,10 +298,16 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
       return "source rank " + std::to_string(src) + " announced " + std::to_string(a.tokens_from_src[src]) +
              " tokens, more than T=" + std::to_string(T);
     }
-    const auto* c = reinterpret_cast<const uint32_t*>(ctx.local_base + L.RouteRecvOffset(half, src));
+    const auto* c = reinterpret_cast<const uint64_t*>(ctx.local_base + L.RouteRecvOffset(half, src));
     for (int le = 0; le < E_loc; ++le) {
-      if (c[le] > static_cast<uint32_t>(T)) return "source rank " + std::to_string(src) + " announced a count over T";
-      cnt[static_cast<size_t>(src) * E_loc + le] = c[le];
+      if (protocol::RouteCountSeq(c[le]) != a.seq) {
+        return "source rank " + std::to_string(src) + " sent a route count of call " +
+               std::to_string(protocol::RouteCountSeq(c[le])) + ", not " + std::to_string(a.seq) +
+               " (route block overwritten or stale)";
+      }
+      const uint32_t n = protocol::RouteCountValue(c[le]);
+      if (n > static_cast<uint32_t>(T)) return "source rank " + std::to_string(src) + " announced a count over T";
+      cnt[static_cast<size_t>(src) * E_loc + le] = n;
     }
   }
   for (int le = 0; le < E_loc; ++le) {

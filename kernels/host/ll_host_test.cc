@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/codec/fp8.h"
@@ -136,19 +137,21 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   }
 }
 
-TEST(LlHostTest, OverwrittenMessageIsReported) {
+/// Call 3 (half 1): rank 0 sends token 0 to rank 1, the other ranks send no tokens; `tamper` edits the route block
+/// rank 1 got from rank 0, then rank 1 receives: the error.
+template <typename Tamper>
+std::string ReceiveTampered(Tamper tamper) {
   const LlShape s{4, 128, 4, 4};
   World w(s);
   const int64_t topk[] = {1, 0};
   const std::vector<uint16_t> x(2 * 128, FloatToBf16(1.0f));
-  RoutePlan plan;
-  BuildRoutePlan(s, topk, 2, 1, &plan);
   const protocol::DispatchCall send = SendCall(x.data(), {false, false, false});
-  ASSERT_TRUE(DispatchSendHost(w.Ctx(0), {&send, &plan, 3}));
-  // Rank 1 got token 0; pretend a later call (seq 5, same half) overwrote the header before it was read.
-  auto* h = reinterpret_cast<protocol::DispatchTokenHeader*>(
-      w.regions[1].get() + w.layout.RouteHeaderOffset(w.layout.RouteRecvOffset(1, 0), 0));
-  h->seq = 5;
+  for (int r = 0; r < s.num_ranks; ++r) {
+    RoutePlan plan;
+    BuildRoutePlan(s, topk, r == 0 ? 2 : 0, 1, &plan);
+    EXPECT_TRUE(DispatchSendHost(w.Ctx(r), {&send, &plan, 3}));
+  }
+  tamper(w.layout, w.regions[1].get() + w.layout.RouteRecvOffset(1, 0));
   std::vector<uint32_t> tokens = {0, 0, 0, 0};
   tokens[0] = 1;
   std::vector<uint16_t> recv_x(1 * 16 * 128);
@@ -159,7 +162,23 @@ TEST(LlHostTest, OverwrittenMessageIsReported) {
   call.recv_count = count.data();
   call.src_info = src_info.data();
   call.layout_range = lr.data();
-  EXPECT_NE(DispatchRecvHost(w.Ctx(1), {&call, 3, tokens.data()}).find("sequence 5 != 3"), std::string::npos);
+  return DispatchRecvHost(w.Ctx(1), {&call, 3, tokens.data()});
+}
+
+TEST(LlHostTest, OverwrittenMessageIsReported) {
+  // Pretend a later call (seq 5, same half) overwrote the header before it was read.
+  const std::string error = ReceiveTampered([](const protocol::LlLayout& l, uint8_t* route_block) {
+    reinterpret_cast<protocol::DispatchTokenHeader*>(route_block + l.RouteHeaderOffset(0, 0))->seq = 5;
+  });
+  EXPECT_NE(error.find("sequence 5 != 3"), std::string::npos) << error;
+}
+
+TEST(LlHostTest, StaleRouteCountIsReported) {
+  // The count word of the call before on this half (seq 1): the block was not rewritten by this call.
+  const std::string error = ReceiveTampered([](const protocol::LlLayout&, uint8_t* route_block) {
+    reinterpret_cast<uint64_t*>(route_block)[0] = protocol::PackRouteCount(1, 1);
+  });
+  EXPECT_NE(error.find("route count of call 1, not 3"), std::string::npos) << error;
 }
 
 TEST(LlHostTest, ProxiedPeerGetsCoalescedCommands) {

@@ -13,6 +13,7 @@
 
 #include "runtime/protocol/hd.h"
 #include "runtime/protocol/ll_shape.h"
+#include "runtime/protocol/signal.h"
 
 namespace llep::protocol {
 
@@ -30,6 +31,16 @@ LLEP_HD constexpr uint32_t SelectionExpert(uint32_t sel) { return sel >> kSelRow
 LLEP_HD constexpr uint32_t SelectionRow(uint32_t sel) { return sel & kSelRowMask; }
 
 inline constexpr uint32_t kMsgFlagFp8 = 1u << 0;
+
+/// A route block starts with one count word per local expert: how many of the source's selections go to it, tagged
+/// with the call's sequence number exactly as a signal word is ([63:32] seq, [31:0] count; signal.h). The tag lets a
+/// receiver read the counts before (or while) it waits for the source's signal, without an acquire, and know whether
+/// what it read is this call's: a receive-only launch loads them with the signal words instead of one round trip after
+/// them. A word whose tag is not the call's after the signal was seen is a protocol error (a stale or overwritten
+/// block), which an untagged count could not reveal.
+LLEP_HD constexpr uint64_t PackRouteCount(uint32_t seq, uint32_t count) { return PackSignal(seq, count); }
+LLEP_HD constexpr uint32_t RouteCountSeq(uint64_t word) { return SignalSeq(word); }
+LLEP_HD constexpr uint32_t RouteCountValue(uint64_t word) { return SignalValue(word); }
 
 /// Per (token, destination rank) header. Lives in the destination's route block (ll_layout.h), not next to the
 /// payload, so one token's payload staged once can be written to several ranks unchanged.

@@ -95,6 +95,16 @@ __device__ __forceinline__ uint64_t FetchAddAcqRelGpu(uint64_t* p) {
   asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(before) : "l"(p) : "memory");
   return before;
 }
+/// Single-copy-atomic 64-bit accesses at system scope with no ordering: a word a peer may read while it is being
+/// written, whose content says whether it is current (protocol::PackRouteCount), so it never reads half of one.
+__device__ __forceinline__ uint64_t LoadRelaxedSys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void StoreRelaxedSys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 /// Loads bypassing the SM's L1 (data other launches or CTAs rewrite).
 template <typename T>
 __device__ __forceinline__ T LoadCg(const T* p) {
@@ -170,6 +180,12 @@ __device__ __forceinline__ uint64_t LoadAcquireGpu(const uint64_t* p) {
 }
 __device__ __forceinline__ uint64_t FetchAddAcqRelGpu(uint64_t* p) {
   return __hip_atomic_fetch_add(p, uint64_t{1}, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ __forceinline__ uint64_t LoadRelaxedSys(const uint64_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ void StoreRelaxedSys(uint64_t* p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
 /// CDNA's vector L1 is not coherent across CUs: relaxed atomic loads (glc) at agent scope, 32 or 64 bits at a time.
 __device__ __forceinline__ unsigned LoadCg(const unsigned* p) {

@@ -13,8 +13,8 @@
 //   d_recv    [src][T]   dispatch payloads received from each source           read by dispatch receive
 //   c_send    [le][R*T]  combine rows; DeepEP's zero-copy buffer (get_next_low_latency_combine_buffer)
 //   c_recv    [src][P]   combine rows received from each expert rank, P = T * min(kMaxTopK, E/R)
-// A route block is [E/R uint32 counts, padded to 16 B][T DispatchTokenHeader]. Each region starts on a
-// kRegionAlign boundary. Size per half (PS = DispatchPayloadStrideMax, CS = CombineRowStride, RB = route block):
+// A route block is [E/R uint64 count words (PackRouteCount), padded to 16 B][T DispatchTokenHeader]. Each region starts
+// on a kRegionAlign boundary. Size per half (PS = DispatchPayloadStrideMax, CS = CombineRowStride, RB = route block):
 //   A(80R) + A(T*PS) + 2*A(R*RB) + A(R*T*PS) + A(E/R*R*T*CS) + A(R*P*CS),   A(x) = align_up(x, 256)
 // and the whole region is twice that. For T=128, H=7168, E=256, R=4 it is 1.21 GB (DeepEP V1: 1.91 GB),
 // because combine receives per (token, top-k slot) instead of per (token, global expert).
@@ -53,7 +53,9 @@ LLEP_HD constexpr int64_t CombineRowsPerSource(const LlShape& s) {
 }
 
 /// Bytes of the counts prefix of a route block.
-LLEP_HD constexpr int64_t RouteCountsBytes(const LlShape& s) { return AlignUp(int64_t{4} * s.num_local_experts(), 16); }
+LLEP_HD constexpr int64_t RouteCountsBytes(const LlShape& s) {
+  return AlignUp(static_cast<int64_t>(sizeof(uint64_t)) * s.num_local_experts(), 16);  // PackRouteCount words
+}
 /// Bytes of a whole route block (counts + T headers).
 LLEP_HD constexpr int64_t RouteBlockBytes(const LlShape& s) {
   return RouteCountsBytes(s) + int64_t{s.max_tokens_per_rank} * static_cast<int64_t>(sizeof(DispatchTokenHeader));

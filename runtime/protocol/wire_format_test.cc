@@ -115,5 +115,17 @@ TEST(DispatchMsgTest, SelectionsRoundTrip) {
   EXPECT_EQ(sizeof(DispatchTokenHeader), 80u);
 }
 
+TEST(DispatchMsgTest, RouteCountsCarryTheirCall) {
+  for (uint32_t seq : {4u, 5u, 0xFFFFFFFFu}) {
+    for (uint32_t n : {0u, 1u, 65535u, static_cast<uint32_t>(kMaxTokensPerRank)}) {
+      const uint64_t w = PackRouteCount(seq, n);
+      EXPECT_EQ(RouteCountSeq(w), seq);
+      EXPECT_EQ(RouteCountValue(w), n);
+    }
+  }
+  EXPECT_EQ(RouteCountSeq(0), 0u);  // zeroed memory is no call's count (sequence numbers are never 0)
+  EXPECT_NE(RouteCountSeq(PackRouteCount(6, 3)), RouteCountSeq(PackRouteCount(4, 3)));  // the older call on a half
+}
+
 }  // namespace
 }  // namespace llep::protocol
