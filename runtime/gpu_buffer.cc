@@ -99,6 +99,7 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
   op.op = LlOp::kCombine;
   static_cast<CombineCall&>(op.combine) = call;
   op.combine.ctx = ctx_;
+  op.combine.split = kernels::cuda::PlanCombineRecvSplit(layout_.shape.hidden, call.num_tokens, num_ctas_);
   return Send(std::move(op), split, stream);
 }
 

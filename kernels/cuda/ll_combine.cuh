@@ -245,12 +245,11 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   // split over up to `segs` CTAs, each planning the token itself (in parallel), so that no warp reduces more than one
   // chunk — at T=1 one CTA's 16 warps took two dependent rounds of row loads for the 28 chunks of H=7168. Measured
   // (bench/RESULTS.md session 17): receive launch -7 to -10 % at T <= 32 but +4 to +9 % at T >= 128, where nothing
-  // is split (not this arithmetic; cause not found); session 18's branch-free plan took 10-24 % off every T.
-  const int chunks = (H + 255) / 256;  // 8 channels per lane
-  const int segs = max(1, min((chunks + kWarps - 1) / kWarps, G / max(p.num_tokens, 1)));
-  const int G_tok = G / segs, slot = static_cast<int>(blockIdx.x) % G_tok, seg = static_cast<int>(blockIdx.x) / G_tok;
-  const int ch_lo = seg * chunks / segs, seg_chunks = (seg + 1) * chunks / segs - ch_lo;
-  const int my_tokens = seg < segs && p.num_tokens > slot ? (p.num_tokens - slot + G_tok - 1) / G_tok : 0;
+  // is split (not this arithmetic; cause not found); session 18's branch-free plan took 10-24 % off every T. The split
+  // comes from the host (CombineRecvSplit): multiplications here, no integer divisions.
+  const int G_tok = static_cast<int>(p.split.token_ctas.divisor);
+  const CombineRecvSplit::Cta cta = p.split.ForCta(static_cast<int>(blockIdx.x), p.num_tokens);
+  const int slot = cta.slot, ch_lo = cta.ch_lo, seg_chunks = cta.ch_count, my_tokens = cta.num_tokens;
   for (int round = 0; round < my_tokens || round == 0; round += kWarps) {
     const int n = max(0, min(kWarps, my_tokens - round));
     // The weights load before the plan's topk loads, so the two are one round trip, not two (the CTAs that plan a
@@ -300,7 +299,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     __syncthreads();
     if (*failed) return;
     for (int item = warp; item < n * seg_chunks; item += kWarps) {
-      const int tw = item / seg_chunks, ch = ch_lo + item % seg_chunks;
+      const int tw = cta.per_token.Div(item), ch = ch_lo + item - tw * seg_chunks;
       const int c0 = ch * 256 + lane * 8;
       if (c0 >= H) continue;
       const int t = slot + (round + tw) * G_tok;

@@ -34,6 +34,8 @@
 // and this file (the two kernels, the launchers). The same sources build for AMD GPUs with hipcc (LLEP_GPU=hip):
 // runtime/protocol/gpu_port.h maps the device intrinsics, runtime/protocol/gpu_api.h the runtime API;
 // kernels/HIP_PORT.md.
+#include <algorithm>
+
 #include "kernels/cuda/ll_call_gate.cuh"
 #include "kernels/cuda/ll_combine.cuh"
 #include "kernels/cuda/ll_device_common.cuh"
@@ -174,7 +176,20 @@ cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchC
   return LaunchLl(dispatch, p, phase, cfg, DispatchSharedBytes(p.ctx.layout.shape), stream);
 }
 
+CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) {
+  CombineRecvSplit s;
+  s.num_ctas = num_ctas;
+  s.chunks = (hidden + 255) / 256;  // 8 channels per lane
+  const int segs = std::max(1, std::min((s.chunks + kWarps - 1) / kWarps, num_ctas / std::max(num_tokens, 1)));
+  s.token_ctas = protocol::FastDivisor::Make(static_cast<uint32_t>(num_ctas / segs));
+  s.segs = protocol::FastDivisor::Make(static_cast<uint32_t>(segs));
+  s.seg_chunks_lo = protocol::FastDivisor::Make(static_cast<uint32_t>(std::max(1, s.chunks / segs)));
+  s.seg_chunks_hi = protocol::FastDivisor::Make(static_cast<uint32_t>(s.chunks / segs + 1));
+  return s;
+}
+
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
+  if (p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;  // a split made for another grid
   return LaunchLl(combine, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape), stream);
 }
 

@@ -175,10 +175,51 @@ struct DispatchParams : protocol::DispatchCall {
   uint32_t call_tag = 0;  ///< unique per host send (never 0); a split operation's receive launch carries it too
 };
 
+/// How a combine receive deals its tokens to CTAs, from (hidden, num_tokens, CTAs): PlanCombineRecvSplit on the host,
+/// once per call, so the receive divides by multiplying (fast_div.h) instead of running five runtime integer divisions
+/// from a cold instruction cache in every CTA. A token's 256-channel chunks are split over `segs` CTAs when there are
+/// fewer tokens than CTAs: CTA b takes token slot b % G_tok and segment b / G_tok (G_tok = num_ctas / segs), segment
+/// s its chunks [s * chunks / segs, (s + 1) * chunks / segs), i.e. seg_chunks_lo or seg_chunks_lo + 1 of them.
+struct CombineRecvSplit {
+  int num_ctas = 0;                     ///< the launch's grid the split was made for (LaunchCombine checks it)
+  int chunks = 0;                       ///< ceil(hidden / 256)
+  protocol::FastDivisor token_ctas;     ///< G_tok
+  protocol::FastDivisor segs;           ///< segments per token
+  protocol::FastDivisor seg_chunks_lo;  ///< floor(chunks / segs)
+  protocol::FastDivisor seg_chunks_hi;  ///< floor(chunks / segs) + 1
+
+  /// CTA b's share of a call with num_tokens tokens.
+  struct Cta {
+    int slot, seg;                    ///< tokens slot, slot + G_tok, ...; segment seg (>= segs: no tokens)
+    int ch_lo, ch_count;              ///< its chunks of each token
+    int num_tokens;                   ///< how many tokens it reduces
+    protocol::FastDivisor per_token;  ///< ch_count as a divisor (work item -> token of the round)
+  };
+  LLEP_HD Cta ForCta(int b, int num_tokens) const {
+    Cta c;
+    const int g_tok = static_cast<int>(token_ctas.divisor);
+    c.seg = token_ctas.Div(b);
+    c.slot = b - c.seg * g_tok;
+    c.ch_lo = segs.Div(c.seg * chunks);
+    c.ch_count = segs.Div((c.seg + 1) * chunks) - c.ch_lo;
+    c.num_tokens = c.seg < static_cast<int>(segs.divisor) && num_tokens > c.slot
+                       ? token_ctas.Div(num_tokens - c.slot + g_tok - 1)
+                       : 0;
+    // Scalars picked with selects, not a pointer to one of the two: that would put the divisors in local memory.
+    const bool hi = c.ch_count == static_cast<int>(seg_chunks_hi.divisor);
+    c.per_token.divisor = hi ? seg_chunks_hi.divisor : seg_chunks_lo.divisor;
+    c.per_token.multiplier = hi ? seg_chunks_hi.multiplier : seg_chunks_lo.multiplier;
+    c.per_token.shift = hi ? seg_chunks_hi.shift : seg_chunks_lo.shift;
+    return c;
+  }
+};
+CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas);
+
 /// As DispatchParams; with zero_copy the rows are in c_send of kZeroCopyHalf and x is not read.
 struct CombineParams : protocol::CombineCall {
   LlDeviceContext ctx;
-  uint32_t call_tag = 0;  ///< as DispatchParams::call_tag
+  uint32_t call_tag = 0;   ///< as DispatchParams::call_tag
+  CombineRecvSplit split;  ///< PlanCombineRecvSplit(hidden, num_tokens, the launch's CTAs)
 };
 
 /// The GPU backend's zero-copy combine rows (DeepEP's get_next_low_latency_combine_buffer) live in c_send of this half

@@ -1,0 +1,52 @@
+// CombineRecvSplit (ll_kernels.h): the host-made split the combine receive divides with. Host-only: it runs wherever
+// this binary builds, device or not.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/ll_kernels.h"
+
+namespace llep::kernels::cuda {
+namespace {
+
+// Every CTA's share equals the split written with plain divisions (the receive's arithmetic before the split came
+// from the host), and every (token, chunk) of a call is reduced by exactly one CTA's warp item.
+TEST(CombineRecvSplit, EqualsPlainDivisionAndCoversEveryChunkOnce) {
+  constexpr int kWarpsPerCta = 16;  // the receive's work items per token and round are dealt over 16 warps
+  for (int hidden : {128, 2048, 4096, 5120, 7168, 8192}) {
+    for (int G : {1, 2, 3, 5, 16, 20, 24, 32, 33, 64, 78, 132}) {
+      for (int T : {0, 1, 2, 3, 7, 8, 16, 31, 32, 64, 128, 129, 256}) {
+        const CombineRecvSplit sp = PlanCombineRecvSplit(hidden, T, G);
+        const int chunks = (hidden + 255) / 256;
+        const int segs = std::max(1, std::min((chunks + kWarpsPerCta - 1) / kWarpsPerCta, G / std::max(T, 1)));
+        const int G_tok = G / segs;
+        ASSERT_EQ(sp.num_ctas, G);
+        ASSERT_EQ(sp.chunks, chunks);
+        ASSERT_EQ(static_cast<int>(sp.segs.divisor), segs);
+        ASSERT_EQ(static_cast<int>(sp.token_ctas.divisor), G_tok);
+        int reduced = 0;
+        for (int b = 0; b < G; ++b) {
+          const CombineRecvSplit::Cta c = sp.ForCta(b, T);
+          const int seg = b / G_tok, slot = b % G_tok;
+          const int ch_lo = seg * chunks / segs, ch_count = (seg + 1) * chunks / segs - ch_lo;
+          const int mine = seg < segs && T > slot ? (T - slot + G_tok - 1) / G_tok : 0;
+          ASSERT_EQ(c.seg, seg) << "H=" << hidden << " G=" << G << " T=" << T << " b=" << b;
+          ASSERT_EQ(c.slot, slot);
+          ASSERT_EQ(c.num_tokens, mine);
+          if (mine == 0) continue;
+          ASSERT_EQ(c.ch_lo, ch_lo);
+          ASSERT_EQ(c.ch_count, ch_count);
+          ASSERT_EQ(static_cast<int>(c.per_token.divisor), ch_count);
+          for (int item = 0; item < std::min(mine, kWarpsPerCta) * ch_count; ++item) {
+            ASSERT_EQ(c.per_token.Div(item), item / ch_count);
+          }
+          reduced += mine * ch_count;
+        }
+        ASSERT_EQ(reduced, T * chunks) << "H=" << hidden << " G=" << G << " T=" << T;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llep::kernels::cuda
