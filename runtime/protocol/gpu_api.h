@@ -20,6 +20,7 @@
 #define cudaDeviceGetPCIBusId                   hipDeviceGetPCIBusId
 #define cudaDeviceSynchronize                   hipDeviceSynchronize
 #define cudaErrorCooperativeLaunchTooLarge      hipErrorCooperativeLaunchTooLarge
+#define cudaErrorInvalidValue                   hipErrorInvalidValue
 #define cudaErrorNotReady                       hipErrorNotReady
 #define cudaError_t                             hipError_t
 #define cudaFree                                hipFree
