@@ -323,8 +323,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // The route counts are tagged with their call (protocol::PackRouteCount), so thread i < E loads word i now, with
   // the signal peek and while the call state is read: for both halves in a receive-only launch (the half is not known
   // yet), for the call's half after a send phase. Usually (a hook's receive runs after its send finished everywhere)
-  // the layout table below then needs no load after the signals: one global round trip less (~1 us at T=1, recv_trace).
-  // A word not tagged with the call is loaded again after the signals.
+  // the layout table below then needs no load after the signals (signals -> table 1.05 -> 0.70 us at T=1, recv_trace;
+  // bench/RESULTS.md session 19). A word not tagged with the call is loaded again after the signals.
   const bool early = DispatchRecvEarlyCounts(c);
   const int known_half = was_open ? protocol::HalfOfSeq(gate.error_seq()) : -1;
   uint64_t early0 = 0, early1 = 0;
