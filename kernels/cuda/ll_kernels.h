@@ -190,7 +190,7 @@ struct CombineRecvSplit {
 
   /// CTA b's share of a call with num_tokens tokens.
   struct Cta {
-    int slot, seg;                    ///< tokens slot, slot + G_tok, ...; segment seg (>= segs: no tokens)
+    int slot, seg;                    ///< its tokens slot, slot + G_tok, ...; segment seg (>= segs: none)
     int ch_lo, ch_count;              ///< its chunks of each token
     int num_tokens;                   ///< how many tokens it reduces
     protocol::FastDivisor per_token;  ///< ch_count as a divisor (work item -> token of the round)
