@@ -251,7 +251,7 @@ absl::Status GpuBuffer::Clean(cudaStream_t stream) {
   const uint64_t newest = *std::max_element(all.begin(), all.end());
   // Every rank's next send takes launch index `newest` + 1 (one spare: a number no rank used), so every signal word
   // written before is older than any call after; nothing is in flight and no region is held.
-  const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts};
+  const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts, layout_.shape.max_tokens_per_rank};
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
   kernels::cuda::LlCallState fresh{};
   fresh.send_ctas = (newest + 1) * static_cast<uint64_t>(num_ctas_);

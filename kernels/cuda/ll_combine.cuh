@@ -105,6 +105,16 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   }
 }
 
+/// The combine receive's thread that reads the carried plans' headers (it waits for them): warp 14, which holds a
+/// token of the first round only from T = 15 * G on; never the gate thread (warp 15), which reads the call state.
+constexpr int kCarriedHeaderThread = kThreads - 64;
+
+/// Offset of the combine receive's token plans in its shared memory (after failed[4], got[R], routed[R], the carried
+/// route prefixes [2][E]).
+__host__ __device__ int64_t CombineRecvPlansOffset(const protocol::LlShape& s) {
+  return protocol::AlignUp(int64_t{4} * (4 + 2 * int64_t{s.num_ranks} + 2 * int64_t{s.num_experts}), 16);
+}
+
 struct CombineRecvPlan {
   const uint8_t* row[kK];  ///< the returned row (local region, or proxy_region for a proxy source), null = skipped
   float weight[kK];
@@ -133,22 +143,40 @@ __device__ __forceinline__ void ReduceChunk(const CombineRecvPlan& rp, int K, in
   }
 }
 
-/// The combine receive's plan of one round (tokens first_t + w * stride, w < n; a CTA-wide call): out[w].id[k] is
-/// slot k's validated expert (-1 = none) and out[w].row[k] the row's position in the area its expert rank d returns
-/// rows into, i.e. how many selections of this rank's tokens routed to d come before it in the order d returns them:
-/// local expert by local expert, tokens in order within one (CombineSend's blocks, the dispatch's packed layout).
-/// PlanRound's method over all T tokens instead of the earlier ones: every thread takes a token t' (its keys, a
-/// repeated id dropped as the validation rule does) and counts its selections on the slot's rank with a lower local
-/// expert, or the same one when t' is earlier; the counts meet through warp reductions and shared atomics. This
-/// replaces a per-expert histogram over E and its scan (2.9 us of a 12 us receive at T=1, bench/RESULTS.md) and
-/// loads topk_idx once per round.
+/// The combine receive's plan of one round (tokens first_t + w * stride, w < n), part 1 (a CTA-wide call, then a
+/// barrier): out[w].id[k] is slot k's validated expert (-1 = none), and the round's route keys and zeroed row counters
+/// go to sc for CountCombineRows. v: the lane's topk value (loaded by the caller, -1 outside the round's slots).
+/// Returns the lane's id (warp w < n, lane k < K; -1 elsewhere).
+__device__ __forceinline__ int PlanCombineIds(const LlDeviceContext& c, int64_t v, int n, int K, uint32_t seq,
+                                              PlanScratch* sc, TokenPlan* out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp >= n) return -1;
+  const int id = WarpTokenExpertOf(c, v, K, LlOp::kCombine, seq);
+  if (lane < kK) {
+    sc->key[warp][lane] = RouteKey(id, c.layout.shape.num_experts, c.layout.local_experts);
+    sc->row[warp][lane] = 0;
+    out[warp].id[lane] = id;
+  }
+  return id;
+}
+
+/// Part 2, when the dispatch's plan is not at hand (CarriedPlanArea): out[w].row[k] is the row's position in the area
+/// its expert rank d returns rows into, i.e. how many selections of this rank's tokens routed to d come before it in
+/// the order d returns them: local expert by local expert, tokens in order within one (CombineSend's blocks, the
+/// dispatch's packed layout). PlanRound's method over all T tokens instead of the earlier ones: every thread takes a
+/// token t' (its keys, a repeated id dropped as the validation rule does) and counts its selections on the slot's
+/// rank with a lower local expert, or the same one when t' is earlier; the counts meet through warp reductions and
+/// shared atomics. (This replaced a per-expert histogram over E and its scan: 2.9 us of a 12 us receive at T=1,
+/// bench/RESULTS.md.)
 template <int kMaxK>
-__device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, int num_tokens, int first_t, int stride,
-                                 int n, int K, uint32_t seq, PlanScratch* sc, TokenPlan* out) {
-  if (n == 0) return;
+__device__ void CountCombineRows(const LlDeviceContext& c, const int64_t* topk, int num_tokens, int first_t, int stride,
+                                 int n, int K, PlanScratch* sc, TokenPlan* out) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int E = c.layout.shape.num_experts;
-  const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
+  for (int base = 0; base < num_tokens; base += kThreads) {
+    if (base + warp * 32 >= num_tokens) break;  // warp-uniform; later bases are further out
+    const int tp = base + tid;
+    uint32_t q[kMaxK];
     LoadRouteKeys(topk, tp, num_tokens, K, E, c.layout.local_experts, q);
     // Counted per selection, not "any slot": a repeated id is dropped, as the validation rule does.
 #pragma unroll
@@ -158,22 +186,6 @@ __device__ void PlanCombineRound(const LlDeviceContext& c, const int64_t* topk, 
       for (int i = 0; i < j; ++i) repeated |= q[i] == q[j];
       if (repeated) q[j] = kNoKey;
     }
-  };
-  uint32_t q[kMaxK];
-  load_row(tid, q);  // issued before the planned tokens' own loads: both are in flight together
-  if (warp < n) {
-    const int id = WarpTokenExpert(c, topk, first_t + warp * stride, K, LlOp::kCombine, seq);
-    if (lane < kK) {
-      sc->key[warp][lane] = RouteKey(id, E, c.layout.local_experts);
-      sc->row[warp][lane] = 0;
-      out[warp].id[lane] = id;
-    }
-  }
-  __syncthreads();
-  for (int base = 0; base < num_tokens; base += kThreads) {
-    if (base + warp * 32 >= num_tokens) break;  // warp-uniform; later bases are further out
-    const int tp = base + tid;
-    if (base > 0) load_row(tp, q);
     for (int w = 0; w < n; ++w) {
       const uint32_t tie = tp < first_t + w * stride ? 1u : 0u;  // an earlier token's equal key counts too
       // Not unrolled: a receive runs this once per launch, and its cost at small T was instruction fetch (recv_trace:
@@ -212,34 +224,51 @@ __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* route
   }
 }
 
-/// Plans its tokens (PlanCombineRound) and loads their weights while the call state is read, opens the gate, waits
-/// for the expert ranks' signals, then reduces. The last CTA (tokenless at small T, so off the critical path) also
-/// counts the rows routed to each rank and checks that every expert rank returned exactly those; every CTA checks that
-/// the rows it reads exist.
+/// Plans its tokens and loads their weights while the call state is read, opens the gate, waits for the expert ranks'
+/// signals, then reduces. A token's row positions come from its dispatch's plan (CarriedPlanArea: one round of loads
+/// with the token's ids) or, when that is not at hand, are counted over all tokens (CountCombineRows). The last CTA
+/// (tokenless at small T, so off the critical path) also counts the rows routed to each rank and checks that every
+/// expert rank returned exactly those; every CTA checks that the rows it reads exist.
 __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
-  const int R = L.shape.num_ranks, H = L.shape.hidden;
+  const int R = L.shape.num_ranks, H = L.shape.hidden, E = L.shape.num_experts;
   const int K = p.num_topk;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   const bool checks_counts = blockIdx.x == G - 1;
-  // Shared: failed, got[R] (rows each source announced), routed[R] (the checking CTA), token plans, row plans.
+  // Shared: failed, the carried plan's half (-1: none), got[R] (rows each source announced), routed[R] (the checking
+  // CTA), the carried route prefixes [2][E], token plans, row plans.
   int* failed = reinterpret_cast<int*>(smem);
+  int* carried_half = failed + 1;
   int* got = failed + 4;
   int* routed = got + R;
-  auto* plans = reinterpret_cast<TokenPlan*>(smem + protocol::AlignUp(int64_t{4} * (4 + 2 * R), 16));
+  int* prefix = routed + R;
+  auto* plans = reinterpret_cast<TokenPlan*>(smem + CombineRecvPlansOffset(L.shape));
   auto* rplans = reinterpret_cast<CombineRecvPlan*>(plans + kWarps);
   auto* scratch = reinterpret_cast<PlanScratch*>(rplans + kWarps);
 
   Trace(c, LlOp::kCombine, kTraceRecvStart);
   uint32_t seq = gate.error_seq();
   if (tid == 0) *failed = 0;
-  const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kCombine);
-  if (checks_counts) {
-    for (int d = tid; d < R; d += kThreads) routed[d] = 0;
-    __syncthreads();
-    CountRoutedRows(p, seq, routed);
+  // The dispatch's plans of both halves (CarriedPlanArea): the route prefixes and the headers load here, each round's
+  // entries with its ids, all in one round trip; the headers by one thread of a warp that holds no token below
+  // T = 15 * G (it waits for them). A header names the handle's dispatch by its plan key; of two (a captured dispatch
+  // replayed into both halves), the later call's.
+  const CarriedPlanArea area = CarriedArea(c);
+  const int* carried_prefix = reinterpret_cast<const int*>(c.carried + area.prefix(0));  // [2][E]
+  const int first_prefix = tid < 2 * E ? carried_prefix[tid] : 0;
+  if (tid == kCarriedHeaderThread) {
+    const uint4 h0 = *reinterpret_cast<const uint4*>(c.carried + CarriedPlanArea::header(0));
+    const uint4 h1 = *reinterpret_cast<const uint4*>(c.carried + CarriedPlanArea::header(1));
+    const uint32_t shape = static_cast<uint32_t>(p.num_tokens) | static_cast<uint32_t>(K) << 24;
+    const auto names = [&](const uint4& h) {
+      return p.plan_key != 0 && protocol::JoinHalves(h.y, h.x) == p.plan_key && h.w == shape;
+    };
+    const bool n0 = names(h0), n1 = names(h1);
+    *carried_half = n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
   }
+  const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kCombine);
+  for (int d = tid; checks_counts && d < R; d += kThreads) routed[d] = 0;  // counted after the first round's plan
   // Tokens b, b + G_tok, ... of CTA b's token slot b % G_tok; its segment b / G_tok reduces that share of each token's
   // 256-channel chunks. One segment (every chunk) unless there are fewer tokens than CTAs: then a token's chunks are
   // split over up to `segs` CTAs, each planning the token itself (in parallel), so that no warp reduces more than one
@@ -252,18 +281,42 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   const int slot = cta.slot, ch_lo = cta.ch_lo, seg_chunks = cta.ch_count, my_tokens = cta.num_tokens;
   for (int round = 0; round < my_tokens || round == 0; round += kWarps) {
     const int n = max(0, min(kWarps, my_tokens - round));
-    // The weights load before the plan's topk loads, so the two are one round trip, not two (the CTAs that plan a
-    // token spent ~3 us on each at T=1: recv_trace).
-    const float weight =
-        warp < n && lane < K ? p.topk_weights[int64_t{slot + (round + warp) * G_tok} * K + lane] : 0.0f;
-    if (K <= 8) {
-      PlanCombineRound<8>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, seq, scratch, plans);
-    } else {
-      PlanCombineRound<kK>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, seq, scratch, plans);
+    const bool mine = warp < n && lane < K;  // the lane holds slot `lane` of the round's token `warp`
+    const int64_t t_slot = int64_t{slot + (round + warp) * G_tok} * K + lane;
+    // The weights, the carried entries of both halves and the ids load together: one round trip, not three (the CTAs
+    // that plan a token spent ~3 us on each dependent load at T=1: recv_trace).
+    const float weight = mine ? p.topk_weights[t_slot] : 0.0f;
+    uint2 e0{}, e1{};
+    if (mine) {
+      e0 = reinterpret_cast<const uint2*>(c.carried + area.entries(0))[t_slot];
+      e1 = reinterpret_cast<const uint2*>(c.carried + area.entries(1))[t_slot];
     }
-    if (warp < n && lane < K) rplans[warp].weight[lane] = weight;
+    const int64_t v = mine ? p.topk_idx[t_slot] : -1;
+    const int id = PlanCombineIds(c, v, n, K, seq, scratch, plans);
+    if (round == 0) {
+      if (tid < 2 * E) prefix[tid] = first_prefix;
+      for (int i = tid + kThreads; i < 2 * E; i += kThreads) prefix[i] = carried_prefix[i];
+    }
+    __syncthreads();
+    // Positions from the dispatch's plan when a header names this handle's key and shape (its rows are where that
+    // dispatch put them); counted from this topk_idx otherwise.
+    const int h = *carried_half;
+    const bool count = h < 0;
+    if (!count && mine && id >= 0) plans[warp].row[lane] = prefix[h * E + id] + static_cast<int>((h == 0 ? e0 : e1).y);
+    if (count && n > 0) {
+      if (K <= 8) {
+        CountCombineRows<8>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, scratch, plans);
+      } else {
+        CountCombineRows<kK>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, scratch, plans);
+      }
+    }
+    if (mine) rplans[warp].weight[lane] = weight;
     __syncthreads();
     if (round == 0) {
+      // The checking CTA counts the rows routed to each rank from this call's topk_idx (not from a kept plan: a
+      // topk_idx that is not the dispatch's still shows up as a count mismatch). After the plan, so that its loads
+      // do not delay the plan's; the barriers before the signals' order the zeroing above and the adds.
+      if (checks_counts) CountRoutedRows(p, seq, routed);
       Trace(c, LlOp::kCombine, kTraceRecvPlanned);
       if ((seq = gate.Open()) == 0) return;
       // Each expert rank must return exactly the rows this rank routed to it.

@@ -108,12 +108,16 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     __syncthreads();
     if ((seq = gate.Open()) == 0) return;
     const int half = protocol::HalfOfSeq(seq);
+    // This call's plan for its combine (CarriedPlanArea): the header here, the route prefixes below, the token entries
+    // after the token rounds. No plan when a CTA has more than one round of tokens (T > kWarps * G, beyond decode).
+    if (d == 0 && tid == 0) KeepPlanHeader(c, half, p.num_tokens <= kWarps * G ? p.plan_key : 0, seq, p.num_tokens, K);
     uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
     auto* remote_counts = reinterpret_cast<uint64_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
                                                                         : c.proxy_region + L.RouteSendOffset(half, d));
     for (int i = tid; i < E_loc; i += kThreads) {
       gpu::StoreRelaxedSys(remote_counts + i, protocol::PackRouteCount(seq, static_cast<uint32_t>(counts[i])));
     }
+    if (warp == 0) KeepRoutePrefix(c, half, d, counts, E_loc);
     if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
       for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
         const unsigned v = gpu::WarpSum(i0 + lane < E_loc ? static_cast<unsigned>(counts[i0 + lane]) : 0u);
@@ -230,6 +234,11 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   if ((seq = gate.Open()) == 0) return;
   k_dst = 0;
   const int half = protocol::HalfOfSeq(seq);
+  // The tokens' plan entries for the combine (CarriedPlanArea), from the one round a CTA plans: written here, after the
+  // loop, because inside it the stores made the kernel spill.
+  if (warp == 1 && lane < K && my_tokens <= kWarps) {
+    for (int tw = 0; tw < my_tokens; ++tw) KeepPlanEntry(c, half, blockIdx.x + tw * G, K, lane, sh->plan[tw]);
+  }
   for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
     if (tid == 0) PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
   }

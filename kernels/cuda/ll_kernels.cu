@@ -105,7 +105,7 @@ int64_t DispatchSharedBytes(const protocol::LlShape& s) {
 
 int64_t CombineSharedBytes(const protocol::LlShape& s) {
   const int64_t send = int64_t{4} * (kWarps + 4 * int64_t{s.num_experts} + s.num_ranks);
-  const int64_t recv = protocol::AlignUp(int64_t{4} * (4 + 2 * s.num_ranks), 16) +
+  const int64_t recv = CombineRecvPlansOffset(s) +
                        static_cast<int64_t>(kWarps * (sizeof(TokenPlan) + sizeof(CombineRecvPlan))) +
                        static_cast<int64_t>(sizeof(PlanScratch));
   return protocol::AlignUp(send > recv ? send : recv, 16);

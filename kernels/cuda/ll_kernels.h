@@ -133,6 +133,29 @@ __host__ __device__ constexpr unsigned long long PackReceived(uint32_t seq, uint
   return protocol::JoinHalves(seq, launch);
 }
 
+/// The dispatch's plan of this rank's tokens, kept for the combine receive (device memory, zeroed at creation;
+/// LlDeviceContext::carried). A combine receive must know where each of its (token, slot) rows comes back: its position
+/// among the rows this rank routed to the slot's rank, in (local expert, token) order. Counting it means every CTA
+/// loading every token's top-k row and comparing it with its own tokens' (7 of a 14 us receive at T=128,
+/// bench/RESULTS.md session 18); the dispatch send has it already (TokenPlan::row, and the per-destination counts of
+/// its counting CTAs). Slot h holds the plan of the last dispatch sent in half h:
+///  - header: {plan key (64 bits, DispatchCall::plan_key; 0 = none kept), the dispatch's seq, num_tokens | K << 24};
+///  - prefix[E] (int32): for expert g on rank d, the rows this rank routed to d's local experts below g's;
+///  - entries[T * kMaxTopK] (int32 pairs {validated id, row in the (expert, source) block}), token t slot k at t*K + k.
+/// The key comes with the handle (CombineCall::plan_key), so a combine finds its own dispatch's plan, or the later of
+/// two (a captured dispatch replayed into both halves); when it is gone (a later dispatch of the same half replaced
+/// it, the handle has no key, more tokens than one round per CTA: T > kWarps * CTAs), the combine counts.
+struct CarriedPlanArea {
+  int64_t E, T;
+  static constexpr int64_t kHeaderBytes = 16;
+  LLEP_HD static constexpr int64_t header(int slot) { return kHeaderBytes * slot; }
+  LLEP_HD constexpr int64_t prefix(int slot) const { return 2 * kHeaderBytes + int64_t{4} * E * slot; }
+  LLEP_HD constexpr int64_t entries(int slot) const {
+    return protocol::AlignUp(prefix(2), 16) + int64_t{8} * T * protocol::kMaxTopK * slot;
+  }
+  LLEP_HD constexpr int64_t bytes() const { return entries(2); }
+};
+
 /// Per-rank state every launch needs. POD, passed by value.
 struct LlDeviceContext {
   protocol::LlLayout layout;
@@ -163,6 +186,7 @@ struct LlDeviceContext {
   /// PackSignal(seq, value | kMaskedVerdict) by which every CTA of a receive agrees on each source (WaitAllSources).
   int32_t* mask = nullptr;
   unsigned long long* verdicts = nullptr;
+  uint8_t* carried = nullptr;  ///< device CarriedPlanArea{E, T}: the dispatches' token plans kept for their combines
 };
 
 /// A verdict's value for a masked source (signal values are at most T or the combine rows per source, far below).

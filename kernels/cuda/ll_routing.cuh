@@ -40,9 +40,9 @@ __device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, 
 /// Warp form: topk_idx[t][lane] validated, lanes >= K get -1. One coalesced load per token; the repeat check runs
 /// on shuffles (trace on H200: the per-slot scalar loads it replaced cost 3.6 us per token plan; a thread-form load
 /// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1).
-__device__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op, uint32_t seq) {
+/// WarpTokenExpertOf takes the lane's topk value loaded already (v, -1 for lanes >= K).
+__device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, int K, LlOp op, uint32_t seq) {
   const int lane = threadIdx.x % 32;
-  const int64_t v = lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1;
   const int id = InRangeId(c, v, op, seq);
   bool repeated = false;
   for (int j = 0; j < K - 1; ++j) {
@@ -50,6 +50,11 @@ __device__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, in
     repeated |= j < lane && id >= 0 && other == id;
   }
   return UnlessRepeated(c, id, repeated, v, op, seq);
+}
+__device__ __forceinline__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
+                                               uint32_t seq) {
+  const int lane = threadIdx.x % 32;
+  return WarpTokenExpertOf(c, lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1, K, op, seq);
 }
 
 /// Thread form: the calling thread loads token t's whole row at once (one round of independent loads instead of
@@ -262,6 +267,44 @@ __device__ __forceinline__ int FindBlock(const int* starts, int n, int m) {
     }
   }
   return lo;
+}
+
+// ------------------------------------------------------------------------------------------ carried plans
+
+// The dispatch send keeps its plan of this rank's tokens for the combine receive (ll_kernels.h CarriedPlanArea): plain
+// stores to local memory that the combine, a later launch in stream order, reads.
+
+__device__ __forceinline__ CarriedPlanArea CarriedArea(const LlDeviceContext& c) {
+  return CarriedPlanArea{c.layout.shape.num_experts, c.layout.shape.max_tokens_per_rank};
+}
+
+/// Token t's slot k as the dispatch planned it (one lane per slot): its validated id and its row in the block.
+__device__ __forceinline__ void KeepPlanEntry(const LlDeviceContext& c, int half, int t, int K, int k,
+                                              const TokenPlan& pl) {
+  auto* e = reinterpret_cast<uint2*>(c.carried + CarriedArea(c).entries(half));
+  e[int64_t{t} * K + k] = make_uint2(static_cast<uint32_t>(pl.id[k]), static_cast<uint32_t>(pl.row[k]));
+}
+
+/// Destination d's local-expert counts as exclusive prefixes (warp-collective, counts in shared memory).
+__device__ __forceinline__ void KeepRoutePrefix(const LlDeviceContext& c, int half, int d, const int* counts,
+                                                int E_loc) {
+  const int lane = threadIdx.x % 32;
+  int* out = reinterpret_cast<int*>(c.carried + CarriedArea(c).prefix(half)) + int64_t{d} * E_loc;
+  int carry = 0;
+  for (int i0 = 0; i0 < E_loc; i0 += 32) {
+    const int v = i0 + lane < E_loc ? counts[i0 + lane] : 0;
+    const int incl = WarpInclusiveScan(v);
+    if (i0 + lane < E_loc) out[i0 + lane] = carry + incl - v;
+    carry += gpu::WarpShfl(incl, 31);
+  }
+}
+
+/// The plan's header (one thread): {key, the dispatch's seq, num_tokens | K << 24}; key 0 keeps no plan.
+__device__ __forceinline__ void KeepPlanHeader(const LlDeviceContext& c, int half, uint64_t key, uint32_t seq,
+                                               int num_tokens, int K) {
+  *reinterpret_cast<uint4*>(c.carried + CarriedPlanArea::header(half)) =
+      make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq,
+                 static_cast<uint32_t>(num_tokens) | static_cast<uint32_t>(K) << 24);
 }
 
 // ------------------------------------------------------------------------------------------ FP8

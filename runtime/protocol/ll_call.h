@@ -28,6 +28,9 @@ struct DispatchCall {
   int64_t* layout_range = nullptr;  ///< [E/R, R]
   int32_t* cumulative_local_expert_recv_stats = nullptr;  ///< optional [E/R], accumulated
   int64_t* wait_recv_cost_stats = nullptr;  ///< optional [R]: ns spent waiting for each source, accumulated
+  /// Names this dispatch's token plan, which the GPU backend keeps for the combine of its handle (0: keep none).
+  /// Unique per process (the Python Buffer's counter); carried in the handle (llep.buffer: handle[2].plan_key).
+  uint64_t plan_key = 0;
 };
 
 /// Inputs and outputs of one combine (shapes as DeepEP's low_latency_combine).
@@ -41,6 +44,7 @@ struct CombineCall {
   const int64_t* layout_range = nullptr;    ///< the dispatch handle's layout_range [E/R, R]
   uint16_t* out = nullptr;                  ///< bf16 [num_tokens, H]
   int64_t* wait_recv_cost_stats = nullptr;  ///< optional [R], ns, accumulated
+  uint64_t plan_key = 0;  ///< the handle's dispatch's DispatchCall::plan_key (0: unknown; the GPU backend counts)
 };
 
 }  // namespace llep::protocol

@@ -20,9 +20,11 @@ T* Ptr(uintptr_t addr) {
 inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
                                               bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
                                               uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
-                                              uintptr_t cumulative_stats, uintptr_t wait_stats, int layer) {
+                                              uintptr_t cumulative_stats, uintptr_t wait_stats, int layer,
+                                              uint64_t plan_key) {
   DispatchCall c;
   c.layer = layer;
+  c.plan_key = plan_key;
   c.x = Ptr<const uint16_t>(x);
   c.topk_idx = Ptr<const int64_t>(topk);
   c.num_tokens = num_tokens;
@@ -40,8 +42,9 @@ inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, int n
 
 inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights,
                                             int num_tokens, int num_topk, uintptr_t layout_range, uintptr_t out,
-                                            uintptr_t wait_stats) {
+                                            uintptr_t wait_stats, uint64_t plan_key) {
   CombineCall c;
+  c.plan_key = plan_key;
   c.x = Ptr<const uint16_t>(x);
   c.zero_copy = zero_copy;
   c.topk_idx = Ptr<const int64_t>(topk);
@@ -63,18 +66,18 @@ void DefCallMethods(Class& cls) {
   cls.def("dispatch", [](Holder& h, uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
                          bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
                          uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
-                         uintptr_t wait_stats, int layer, bool split, uintptr_t stream) {
+                         uintptr_t wait_stats, int layer, uint64_t plan_key, bool split, uintptr_t stream) {
     return h.Dispatch(
         DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
-                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats, layer),
+                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats, layer, plan_key),
         split, stream);
   });
   cls.def("combine", [](Holder& h, uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
-                        int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, bool split,
-                        uintptr_t stream) {
-    return h.Combine(
-        CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait_stats),
-        split, stream);
+                        int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, uint64_t plan_key,
+                        bool split, uintptr_t stream) {
+    return h.Combine(CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out,
+                                              wait_stats, plan_key),
+                     split, stream);
   });
   // Rank masking and recovery (DeepEP's enable_shrink API and clean_low_latency_buffer); `mask_out` is the address
   // of an int32 [num_ranks] tensor on the backend's device.

@@ -25,6 +25,7 @@ metrics exporter) are listed with their defaults in one table, README "Options";
 (runtime/base/env.h) when the Buffer is created and passed to the backend as explicit arguments.
 """
 import contextlib
+import itertools
 import operator
 import os
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
@@ -161,6 +162,15 @@ class _TorchCudaEvent:
         torch.cuda.current_stream().wait_event(self.event)
 
 
+class _HandleTokens(int):
+    """handle[2], num_max_dispatch_tokens_per_rank (an int, as in DeepEP), carrying `plan_key`: the key of the token
+    plan the GPU backend keeps on the device for this handle's combine (runtime/protocol/ll_call.h
+    DispatchCall::plan_key; kernels/cuda/ll_kernels.h CarriedPlanArea). It rides in the handle's int so that copies of
+    the handle (tensors cloned, the tuple rebuilt) keep it; a handle without it combines the same, counting the rows'
+    positions instead."""
+
+
+_plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
 _NO_EVENT = EventOverlap(None, None)  # what a call without async_finish returns (holds nothing, shared)
 
 
@@ -531,13 +541,14 @@ class Buffer:
             recv_count = x.new_empty(out.count_shape, dtype=torch.int32)
             src_info = x.new_empty(out.src_info_shape, dtype=torch.int32)
             layout_range = x.new_empty(out.layout_range_shape, dtype=torch.int64)
+            plan_key = next(_plan_keys)
             op = runtime.dispatch(
                 x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
                 recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
                 layout_range.data_ptr(),
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
                 0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
-                layer, return_recv_hook, self._stream())
+                layer, plan_key, return_recv_hook, self._stream())
             self._dispatched = True
             if self._unreceived:  # an entry at this address is stale: its hook was dropped unrun and the memory reused
                 self._unreceived.discard(layout_range.data_ptr())
@@ -549,7 +560,9 @@ class Buffer:
                 if return_recv_hook:  # its hook keeps layout_range alive (so the address unique) until it runs
                     self._unreceived.add(layout_range.data_ptr())
                     hook._handle_key = layout_range.data_ptr()
-            handle = (src_info, layout_range, int(num_max_dispatch_tokens_per_rank), hidden, int(num_experts))
+            tokens = _HandleTokens(num_max_dispatch_tokens_per_rank)
+            tokens.plan_key = plan_key
+            handle = (src_info, layout_range, tokens, hidden, int(num_experts))
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
     def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> _DispatchOutputs:
@@ -627,7 +640,7 @@ class Buffer:
                                  topk_weights.data_ptr(), num_tokens, topk_idx.size(1), layout_range.data_ptr(),
                                  out.data_ptr(),
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
-                                 return_recv_hook, self._stream())
+                                 getattr(T, 'plan_key', 0), return_recv_hook, self._stream())
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,

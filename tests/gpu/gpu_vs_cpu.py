@@ -10,7 +10,8 @@ Every rank builds two Buffers on one gloo group, one on the NVLink kernels ('cud
 Matrix: num_tokens {1, 3, 64, 128, 256}, hidden {2048, 4096, 7168}, experts {64, 256, 288}, 2 and 4 ranks,
 random and hot-expert routing with -1 holes, FP8 / round_scale / UE8M0 / BF16, hooks on/off, LogFMT, zero-copy,
 async_finish; each case runs many GPU iterations over both buffer halves against CPU references of a few
-distinct inputs. Then error cases: a bad expert id is reported and the buffer stays usable; a rank that never
+distinct inputs. Then the carried combine plans (combines after three dispatches; copied and keyless handles), then
+error cases: a bad expert id is reported and the buffer stays usable; a rank that never
 calls makes its peers' kernels time out and report LlepTimeoutError instead of hanging.
 
 Inter-node path (issue #4): --ranks-per-node N splits the ranks into virtual nodes of N (LLEP_RANKS_PER_NODE), so
@@ -260,6 +261,62 @@ def _check_metrics(buf, ops, expected_recv, expected_sent):
     return errs
 
 
+def _carried_plan_cases(rank, R, gloo, log):
+    """A combine takes its rows' positions from its dispatch's plan kept on the device (CarriedPlanArea,
+    kernels/cuda/ll_kernels.h), named by the plan key the handle carries, and counts them when that plan is gone or
+    the handle has no key. Against the CPU backend, bit for bit:
+      1. three dispatches of different routings, then their three combines: the first dispatch's plan was replaced
+         by the third's (same half), so its combine counts; the other two find their own plans;
+      2. a copied handle (tensors cloned: other addresses, the key kept) and a handle rebuilt with a plain int
+         (no key: counts)."""
+    n, H, E, K = 64, 2048, 16 * R, 8
+    E_loc, rows = E // R, R * n
+    dev = torch.device('cuda', torch.cuda.current_device())
+    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    gpu.backend = 'cuda'
+    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    cpu.backend = 'cpu'
+
+    def staged(seed, topk=None):
+        x, t, w = _inputs(rank, seed, n, H, E, K, 'random')
+        t = t if topk is None else topk
+        y = _expert_out(rank, seed, E_loc, rows, H)
+        ref = _run(cpu, x, t, w, y, n, E, 'bf16', False, False, False, None, None, None)
+        return [a.to(dev) for a in (x, t, w, y)], ref
+
+    def dispatch(inputs):
+        recv, count, handle, _, _ = gpu.low_latency_dispatch(inputs[0], inputs[1], n, E, use_fp8=False)
+        return recv, count, handle
+
+    def combine_and_compare(what, inputs, sent, ref):
+        _, t, w, y = inputs
+        recv, count, handle = sent
+        out, _, _ = gpu.low_latency_combine(y, t, w, handle)
+        torch.cuda.synchronize()
+        gpu.check_errors()
+        return [f'{what}: {m}' for m in _compare(ref, (recv, None, count, handle, out), E_loc)]
+
+    errs = []
+    cases = [staged(seed) for seed in (11, 12, 13)]
+    sent = [dispatch(inputs) for inputs, _ in cases]
+    for i, ((inputs, ref), s) in enumerate(zip(cases, sent)):
+        errs.extend(combine_and_compare(f'combine {i} of three', inputs, s, ref))
+    log({'case': 'carried_plan_three_dispatches_then_combines', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
+
+    errs = []
+    inputs, ref = staged(21)
+    recv, count, handle = dispatch(inputs)
+    if not getattr(handle[2], 'plan_key', 0) or handle[2] != n:
+        errs.append(f'handle[2] is {handle[2]!r} with plan key {getattr(handle[2], "plan_key", None)}')
+    copied = (handle[0].clone(), handle[1].clone(), handle[2], handle[3], handle[4])
+    errs.extend(combine_and_compare('a copied handle', inputs, (recv, count, copied), ref))
+    plain = (handle[0], handle[1], int(handle[2]), handle[3], handle[4])
+    errs.extend(combine_and_compare('a handle without its plan key', inputs, (recv, count, plain), ref))
+    log({'case': 'carried_plan_copied_and_keyless_handles', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
+    gpu.destroy()
+    cpu.destroy()
+
+
 def _error_cases(rank, R, gloo, log):
     """Bad expert id (recoverable) and a silent peer (timeout, not a hang)."""
     T, H, E, K = 8, 2048, 16 if 16 % R == 0 else 2 * R, 4
@@ -337,6 +394,7 @@ def _worker(rank, R, port, cases, results_path, ranks_per_node):
         except Exception:  # record and stop: the ranks are out of step now
             log({'case': case[0], 'rank': rank, 'ok': False, 'errors': [traceback.format_exc()[-1500:]]})
             raise
+    _carried_plan_cases(rank, R, gloo, log)
     os.environ['LLEP_TIMEOUT_S'] = '3'
     _error_cases(rank, R, gloo, log)
     dist.destroy_process_group()
