@@ -286,10 +286,10 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     // The weights, the carried entries of both halves and the ids load together: one round trip, not three (the CTAs
     // that plan a token spent ~3 us on each dependent load at T=1: recv_trace).
     const float weight = mine ? p.topk_weights[t_slot] : 0.0f;
-    uint2 e0{}, e1{};
+    int row0 = 0, row1 = 0;
     if (mine) {
-      e0 = reinterpret_cast<const uint2*>(c.carried + area.entries(0))[t_slot];
-      e1 = reinterpret_cast<const uint2*>(c.carried + area.entries(1))[t_slot];
+      row0 = reinterpret_cast<const int*>(c.carried + area.entries(0))[t_slot];
+      row1 = reinterpret_cast<const int*>(c.carried + area.entries(1))[t_slot];
     }
     const int64_t v = mine ? p.topk_idx[t_slot] : -1;
     const int id = PlanCombineIds(c, v, n, K, seq, scratch, plans);
@@ -302,7 +302,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     // dispatch put them); counted from this topk_idx otherwise.
     const int h = *carried_half;
     const bool count = h < 0;
-    if (!count && mine && id >= 0) plans[warp].row[lane] = prefix[h * E + id] + static_cast<int>((h == 0 ? e0 : e1).y);
+    if (!count && mine && id >= 0) plans[warp].row[lane] = prefix[h * E + id] + (h == 0 ? row0 : row1);
     if (count && n > 0) {
       if (K <= 8) {
         CountCombineRows<8>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, scratch, plans);

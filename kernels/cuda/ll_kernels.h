@@ -141,7 +141,8 @@ __host__ __device__ constexpr unsigned long long PackReceived(uint32_t seq, uint
 /// its counting CTAs). Slot h holds the plan of the last dispatch sent in half h:
 ///  - header: {plan key (64 bits, DispatchCall::plan_key; 0 = none kept), the dispatch's seq, num_tokens | K << 24};
 ///  - prefix[E] (int32): for expert g on rank d, the rows this rank routed to d's local experts below g's;
-///  - entries[T * kMaxTopK] (int32 pairs {validated id, row in the (expert, source) block}), token t slot k at t*K + k.
+///  - entries[T * kMaxTopK] (int32): token t slot k's row in its (expert, source) block, at t*K + k (the slot's expert
+///    the combine takes from its own topk_idx).
 /// The key comes with the handle (CombineCall::plan_key), so a combine finds its own dispatch's plan, or the later of
 /// two (a captured dispatch replayed into both halves); when it is gone (a later dispatch of the same half replaced
 /// it, the handle has no key, more tokens than one round per CTA: T > kWarps * CTAs), the combine counts.
@@ -151,7 +152,7 @@ struct CarriedPlanArea {
   LLEP_HD static constexpr int64_t header(int slot) { return kHeaderBytes * slot; }
   LLEP_HD constexpr int64_t prefix(int slot) const { return 2 * kHeaderBytes + int64_t{4} * E * slot; }
   LLEP_HD constexpr int64_t entries(int slot) const {
-    return protocol::AlignUp(prefix(2), 16) + int64_t{8} * T * protocol::kMaxTopK * slot;
+    return protocol::AlignUp(prefix(2), 16) + int64_t{4} * T * protocol::kMaxTopK * slot;
   }
   LLEP_HD constexpr int64_t bytes() const { return entries(2); }
 };

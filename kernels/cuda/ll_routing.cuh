@@ -278,11 +278,10 @@ __device__ __forceinline__ CarriedPlanArea CarriedArea(const LlDeviceContext& c)
   return CarriedPlanArea{c.layout.shape.num_experts, c.layout.shape.max_tokens_per_rank};
 }
 
-/// Token t's slot k as the dispatch planned it (one lane per slot): its validated id and its row in the block.
+/// Token t's slot k as the dispatch planned it (one lane per slot): its row in the (expert, source) block.
 __device__ __forceinline__ void KeepPlanEntry(const LlDeviceContext& c, int half, int t, int K, int k,
                                               const TokenPlan& pl) {
-  auto* e = reinterpret_cast<uint2*>(c.carried + CarriedArea(c).entries(half));
-  e[int64_t{t} * K + k] = make_uint2(static_cast<uint32_t>(pl.id[k]), static_cast<uint32_t>(pl.row[k]));
+  reinterpret_cast<int*>(c.carried + CarriedArea(c).entries(half))[int64_t{t} * K + k] = pl.row[k];
 }
 
 /// Destination d's local-expert counts as exclusive prefixes (warp-collective, counts in shared memory).
