@@ -164,10 +164,8 @@ __shared__ GateShared g_gate;
 class CallGate {
  public:
   __device__ CallGate(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag) : c_(c), op_(op), phase_(phase) {
-    if (threadIdx.x == 0) {
-      g_pending_error.code = 0;
-      entered_ns_ = NowNs();
-    }
+    if (threadIdx.x == 0) g_pending_error.code = 0;
+    if (threadIdx.x == kGateThread) entered_ns_ = NowNs();
     __syncthreads();
     if (threadIdx.x == kGateThread) {
       g_gate.seq = (phase & kPhaseSend) ? TakeSendCall(c, op, &g_gate.n) : TakeReceiveCall(c, op, tag);
@@ -179,7 +177,9 @@ class CallGate {
     if (seq_ != kSeqPending) return seq_;
     __syncthreads();
     seq_ = g_gate.seq;
-    if (threadIdx.x == 0 && seq_ != 0) {
+    // The gate thread, not thread 0: the receive start stamp loads its slot (a dependent global round trip, 0.35 us
+    // of CTA 0's receive at T=1), and warp 0 holds the CTA's first token or message while the gate's warp has none.
+    if (threadIdx.x == kGateThread && seq_ != 0) {
       // Every thread's pending error was stored before the barrier.
       if (g_pending_error.code != 0) {
         RecordError(c_, g_pending_error.code, static_cast<LlOp>(g_pending_error.op), g_pending_error.peer, seq_,
@@ -211,7 +211,7 @@ class CallGate {
   LlOp op_;
   int phase_;
   uint32_t seq_ = kSeqPending;
-  uint64_t entered_ns_ = 0;  ///< thread 0
+  uint64_t entered_ns_ = 0;  ///< the gate thread
 };
 
 }  // namespace

@@ -49,22 +49,25 @@ __device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePo
   if (threadIdx.x == 0) TraceThis(c, op, point);
 }
 
-// A warp copy pass: kCopyRegs 16-byte registers per lane, all loads of a pass in flight together.
+// A warp copy pass: kRegs 16-byte registers per lane (kCopyRegs unless a phase needs its registers for more), all
+// loads of a pass in flight together.
 constexpr int64_t kCopyPassBytes = kCopyRegs * 512;
 
-__device__ __forceinline__ void LoadCopyPass(const uint8_t* src, int64_t bytes, int64_t base, uint4 (&v)[kCopyRegs]) {
+template <int kRegs>
+__device__ __forceinline__ void LoadCopyPass(const uint8_t* src, int64_t bytes, int64_t base, uint4 (&v)[kRegs]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < kCopyRegs; ++i) {
+  for (int i = 0; i < kRegs; ++i) {
     const int64_t off = base + i * 512 + lane * 16;
     v[i] = off < bytes ? Ld16(src + off) : make_uint4(0, 0, 0, 0);
   }
 }
 
-__device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int64_t bytes, int64_t base, const uint4 (&v)[kCopyRegs]) {
+template <int kRegs>
+__device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int64_t bytes, int64_t base, const uint4 (&v)[kRegs]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < kCopyRegs; ++i) {
+  for (int i = 0; i < kRegs; ++i) {
     const int64_t off = base + i * 512 + lane * 16;
     if (off < bytes) St16(dst + off, v[i]);
   }
@@ -208,9 +211,9 @@ __device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t 
   if (threadIdx.x == 0) StampMax(&StampSlot(c, seq).recv_end);
 }
 
-/// Send phase entered at `now` (CTA 0, thread 0, once the call is known): the slot now belongs to call `seq`.
+/// Send phase entered at `now` (one thread of CTA 0, once the call is known): the slot now belongs to call `seq`.
 __device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op, uint32_t seq, uint64_t now) {
-  if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  if (c.metrics == nullptr || blockIdx.x != 0) return;
   OpStamps& st = StampSlot(c, seq);
   st.seq = seq;
   st.op = static_cast<uint32_t>(op);
@@ -218,11 +221,11 @@ __device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op
   st.state = kStampSent;
 }
 
-/// Receive phase entered at `now` (CTA 0, thread 0, once the call is known). A slot that does not hold this call's
+/// Receive phase entered at `now` (one thread of CTA 0, once the call is known). A slot that does not hold this call's
 /// send stamps (only possible if more calls were in flight than the ring covers, which the host refuses) is left
 /// alone: no latency is invented.
 __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq, uint64_t now) {
-  if (c.metrics == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  if (c.metrics == nullptr || blockIdx.x != 0) return;
   OpStamps& st = StampSlot(c, seq);
   if (st.seq != seq || st.state != kStampSent) return;
   st.recv_start = now;
@@ -303,6 +306,19 @@ __device__ __forceinline__ bool PeekSignals(const LlDeviceContext& c, LlOp op) {
         protocol::LoadAcquireSys(reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(h, op, lane)));
   }
   return true;
+}
+
+/// After the gate opened a launch whose PeekSignals ran: whether the peek found every source's signal of call `seq`,
+/// with a value of at most max_value, so there is nothing to wait for. Warp-collective; every warp reads the same
+/// shared words after the gate's barrier, so the answer is the same in the whole CTA.
+__device__ __forceinline__ bool AllSignalsPeeked(const LlDeviceContext& c, int half, uint32_t seq, int64_t max_value) {
+  const int lane = threadIdx.x % 32;
+  bool ok = true;
+  if (lane < c.layout.shape.num_ranks) {
+    const uint64_t w = g_peeked_signals[half][lane];
+    ok = protocol::SignalSeq(w) == seq && protocol::SignalValue(w) <= max_value;
+  }
+  return !gpu::WarpAny(!ok);
 }
 
 /// The receive phases' wait: the CTA's threads wait for every source's signal of call `seq`, store each value

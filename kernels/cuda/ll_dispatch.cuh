@@ -30,14 +30,18 @@ __host__ __device__ int64_t DispatchScratchOffset(const protocol::LlShape& s) {
 /// call state then).
 constexpr int kMaxEarlyRouteCounts = kGateThread;
 
-/// Dispatch receive's shared memory: failed[4], msg_count[R], cnt[E], begin[E], then (E <= kMaxEarlyRouteCounts)
-/// the early route-count words [2][E].
-__host__ __device__ int64_t DispatchRecvEarlyOffset(const protocol::LlShape& s) {
-  return protocol::AlignUp(int64_t{4} * (4 + s.num_ranks + 2 * int64_t{s.num_experts}), 16);
+/// Dispatch receive's shared memory: failed[4], msg_count[R], then the route-count words [2 halves][E] (loaded early,
+/// or written by the table).
+__host__ __device__ int64_t DispatchRecvWordsOffset(const protocol::LlShape& s) {
+  return protocol::AlignUp(int64_t{4} * (4 + s.num_ranks), 16);
 }
 __host__ __device__ int64_t DispatchRecvSharedBytes(const protocol::LlShape& s) {
-  return DispatchRecvEarlyOffset(s) + (s.num_experts <= kMaxEarlyRouteCounts ? int64_t{16} * s.num_experts : 0);
+  return DispatchRecvWordsOffset(s) + int64_t{16} * s.num_experts;
 }
+
+/// 16-byte registers per lane a dispatch receive's copy holds (a segment's 512-byte slices; 8 KiB per warp would be
+/// kCopyRegs): half of them, so the kernel has the registers for the receive's row resolution without spilling.
+constexpr int kRecvCopyRegs = 8;
 
 /// One lane's part of a dispatch payload chunk: 16 channels from c0 as bf16 (a, b) and, in FP8 mode, encoded
 /// (code, the group's scale_inv).
@@ -244,15 +248,28 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   }
 }
 
-/// The lane's 4 scale_inv values of the 128-scale pass from g0: fp32 output order (g0 + 32 i + lane) or, for packed
-/// UE8M0, the 4 groups of packed word g0 / 4 + lane (g0 + 4 lane + i). Missing groups read as 0.
-__device__ __forceinline__ void LoadScalePass(const float* scales, int num_scales, int g0, bool ue8m0, float (&sc)[4]) {
+/// FP8: a lane's scale word of the payload slices [q0, q0 + nq) (512 channels each, nq <= 8): the fp32 scale_inv of
+/// group w = 4 q0 + lane, or for packed UE8M0 word w = q0 + lane (the exponents of groups 4w .. 4w + 3). `per_row` is
+/// the words per local expert and row of recv_scales (H/128 or H/512); w < 0 for a lane without a word.
+struct ScaleWord {
+  uint32_t bits = 0;
+  int w = -1;
+};
+__device__ __forceinline__ ScaleWord LoadScaleWord(const float* scales, int per_row, int q0, int nq, bool ue8m0) {
   const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int g = ue8m0 ? g0 + 4 * lane + i : g0 + 32 * i + lane;
-    sc[i] = g < num_scales ? scales[g] : 0.0f;
+  ScaleWord s;
+  const int w = ue8m0 ? q0 + lane : 4 * q0 + lane;
+  if (lane < (ue8m0 ? nq : 4 * nq) && w < per_row) {
+    s.w = w;
+    if (ue8m0) {
+      const float4 f = *reinterpret_cast<const float4*>(scales + 4 * w);
+      s.bits = uint32_t{Ue8m0FromScaleInv(f.x)} | uint32_t{Ue8m0FromScaleInv(f.y)} << 8 |
+               uint32_t{Ue8m0FromScaleInv(f.z)} << 16 | uint32_t{Ue8m0FromScaleInv(f.w)} << 24;
+    } else {
+      s.bits = __float_as_uint(scales[w]);
+    }
   }
+  return s;
 }
 
 /// A message's place: its source and its index among that source's messages.
@@ -260,21 +277,23 @@ struct MessageRef {
   int src, j;
 };
 
-/// Messages counted over all sources (counts[src] each, -1 for a masked source: none). Warp-collective.
-__device__ __forceinline__ int WarpMessageTotal(const int* counts, int R) {
+/// Messages counted over all sources (count(src) each, -1 for a masked source: none). Warp-collective.
+template <typename Count>
+__device__ __forceinline__ int WarpMessageTotal(const Count& count, int R) {
   const int lane = threadIdx.x % 32;
   int total = 0;
-  for (int s0 = 0; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(counts[s0 + lane], 0) : 0);
+  for (int s0 = 0; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(count(s0 + lane), 0) : 0);
   return total;
 }
 
 /// Message m (< WarpMessageTotal) of the messages taken in source order: a warp scan per 32 sources, so a warp
 /// finds it without a CTA-wide scan and its barriers. Warp-collective, m warp-uniform.
-__device__ __forceinline__ MessageRef LocateMessage(const int* counts, int R, int m) {
+template <typename Count>
+__device__ __forceinline__ MessageRef LocateMessage(const Count& count, int R, int m) {
   const int lane = threadIdx.x % 32;
   int carry = 0;
   for (int s0 = 0; s0 < R; s0 += 32) {
-    const int v = s0 + lane < R ? max(counts[s0 + lane], 0) : 0;
+    const int v = s0 + lane < R ? max(count(s0 + lane), 0) : 0;
     const int incl = WarpInclusiveScan(v);
     const int chunk = gpu::WarpShfl(incl, 31);
     if (m < carry + chunk) {
@@ -287,6 +306,13 @@ __device__ __forceinline__ MessageRef LocateMessage(const int* counts, int R, in
   return MessageRef{R - 1, 0};  // not reached for m < total
 }
 
+/// A route count the early load found untagged with call `seq` (loaded before the source's signal was seen): loaded
+/// again, ~0u if still not the call's (a bad message). Out of line: rare, and code a receive fetches cold.
+__device__ __noinline__ uint32_t ReloadRouteCount(const uint64_t* word, uint32_t seq) {
+  const uint64_t w = gpu::LoadRelaxedSys(word);
+  return protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
+}
+
 /// Whether the dispatch receive loads the route counts early (DispatchRecv): all sources NVLink peers (a proxy
 /// source's block is in host memory, read once, after its signal) and one word per thread.
 __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c) {
@@ -295,14 +321,16 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 
 /// The dispatch receive (one launch; every CTA):
 ///  1. waits for every source's signal (its message count; the peeked words when they are there already);
-///  2. reads the route counts and builds the layout: local expert le's block holds the rows of source 0, then source
-///     1, ... (begin[src][le] = the sum of cnt[src' < src][le]). The last CTA (tokenless at small T) also writes the
-///     handle (recv_count, layout_range, statistics);
+///  2. reads the route counts (words[half][src][le]): local expert le's block holds the rows of source 0, then source
+///  1, ...
+///     The last CTA (tokenless at small T) checks them all and writes the handle (recv_count, layout_range,
+///     statistics). When the peek found every signal, the other CTAs skip steps 1-2: the early words are the counts;
 ///  3. copies messages (one per (token, rank)) to their rows. A warp finds its message's source by a warp scan over
-///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy).
-/// Tried (bench/RESULTS.md session 17): each selection's lane reading only the counts it needs instead of the table
-/// (a load that depends on the header: as slow as the table), and the first message's loads issued before the table
-/// (held in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).
+///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy), and each selection's
+///     lane its row by summing the counts of the sources before the message's.
+/// Tried (bench/RESULTS.md session 17): each selection's lane loading the counts it needs from global memory after
+/// the header (a dependent load: as slow as the table), and the first message's loads issued before the table (held
+/// in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).
 __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
@@ -314,13 +342,11 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   const bool writes_handle = blockIdx.x == G - 1;
-  // Shared: failed flag, msg_count[R] (messages per source, -1 masked), cnt[E] ([src][le]), begin[E] ([src][le]),
-  // then the early route-count words [half][E] (DispatchRecvEarlyCounts).
+  // Shared: failed flag, msg_count[R] (messages per source, -1 masked), then the route-count words [half][src][le]:
+  // loaded early (DispatchRecvEarlyCounts), and where the table is built, its checked counts tagged with the call.
   int* failed = reinterpret_cast<int*>(smem);
   int* msg_count = failed + 4;
-  int* cnt = msg_count + R;
-  int* begin = cnt + E;
-  auto* early_words = reinterpret_cast<uint64_t*>(smem + DispatchRecvEarlyOffset(L.shape));
+  auto* words = reinterpret_cast<uint64_t*>(smem + DispatchRecvWordsOffset(L.shape));
   const auto count_word = [&](int h, int i) {
     const int sr = L.local_experts.Div(i);
     return reinterpret_cast<const uint64_t*>(SrcBase(c, sr) + L.RouteRecvOffset(h, sr)) + (i - sr * E_loc);
@@ -343,83 +369,103 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   }
   const bool peeked = !was_open && PeekSignals(c, LlOp::kDispatch);  // after the loads above: all in flight together
   if (early && tid < E) {
-    early_words[tid] = early0;
-    early_words[E + tid] = early1;
+    words[tid] = early0;
+    words[E + tid] = early1;
   }
   const uint32_t seq = gate.Open();  // its barrier also publishes *failed = 0, unless the gate was open already
   if (seq == 0) return;
   if (was_open) __syncthreads();
   const int half = protocol::HalfOfSeq(seq);
-  WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
-  __syncthreads();
-  Trace(c, LlOp::kDispatch, kTraceSignals);
-  StampWaitEnd(c, seq);
-  if (*failed) return;
-
-  // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not read.
-  // A word still not tagged with the call after the source's signal is a stale or overwritten block: rejected.
-  for (int i = tid; i < E; i += kThreads) {
-    const int sr = L.local_experts.Div(i);
-    uint32_t n = 0;
-    if (msg_count[sr] >= 0) {
-      uint64_t w = early ? early_words[half * E + i] : 0;
-      if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, i));
-      n = protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
+  // Usually (a hook's receive) the peek found every source's signal and the early words hold the route counts: then
+  // a CTA other than the handle's waits for nothing and builds no table ("direct"), and each selection's lane sums
+  // the counts it needs itself (route_count below). The wait, the table and their barriers took CTAs from the gate's
+  // opening to their first message in 1.9 us of a 7 us receive at T=1 (recv_trace, bench/RESULTS.md session 21). The
+  // handle's CTA builds the table as before: it writes recv_count and layout_range and checks every count of the call.
+  const bool direct = peeked && early && c.mask == nullptr && !writes_handle && AllSignalsPeeked(c, half, seq, T);
+  if (!direct) {
+    WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
+    __syncthreads();
+    Trace(c, LlOp::kDispatch, kTraceSignals);
+    if (*failed) return;
+    // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not
+    // read. A word still not tagged with the call after the source's signal is a stale or overwritten block: rejected.
+    for (int i = tid; i < E; i += kThreads) {
+      const int sr = L.local_experts.Div(i);
+      uint32_t n = 0;
+      if (msg_count[sr] >= 0) {
+        uint64_t w = early ? words[half * E + i] : 0;
+        if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, i));
+        n = protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
+      }
+      if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
+      words[half * E + i] = protocol::PackRouteCount(seq, n);
     }
-    if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
-    cnt[i] = static_cast<int>(n);
-  }
-  __syncthreads();
-  if (*failed) {
-    if (tid == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, *failed - 1, seq, -1);
-    return;
-  }
-  for (int le = tid; le < E_loc; le += kThreads) {
-    int acc = 0;
-    for (int sr = 0; sr < R; ++sr) {
-      const int n = cnt[sr * E_loc + le];
-      begin[sr * E_loc + le] = acc;
-      if (writes_handle) p.layout_range[int64_t{le} * R + sr] = protocol::PackLayoutRange(n, acc);
-      acc += n;
+    __syncthreads();
+    if (*failed) {
+      if (tid == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, *failed - 1, seq, -1);
+      return;
     }
     if (writes_handle) {
-      p.recv_count[le] = acc;
-      if (p.cumulative_local_expert_recv_stats != nullptr) atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
-      if (c.metrics != nullptr)
-        AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
+      for (int le = tid; le < E_loc; le += kThreads) {
+        int acc = 0;
+        for (int sr = 0; sr < R; ++sr) {
+          const int n = static_cast<int>(protocol::RouteCountValue(words[half * E + sr * E_loc + le]));
+          p.layout_range[int64_t{le} * R + sr] = protocol::PackLayoutRange(n, acc);
+          acc += n;
+        }
+        p.recv_count[le] = acc;
+        if (p.cumulative_local_expert_recv_stats != nullptr) atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
+        if (c.metrics != nullptr)
+          AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
+      }
     }
+  } else {
+    Trace(c, LlOp::kDispatch, kTraceSignals);
   }
-  __syncthreads();
+  StampWaitEnd(c, seq);
+  // Messages per source, and route count (src, le) of the call: ~0u for a word not tagged with it (a bad message).
+  const auto messages = [&](int src) {
+    return direct ? static_cast<int>(protocol::SignalValue(g_peeked_signals[half][src])) : msg_count[src];
+  };
+  const auto route_count = [&](int src, int le) -> uint32_t {
+    const int i = src * E_loc + le;
+    const uint64_t w = words[half * E + i];
+    if (protocol::RouteCountSeq(w) == seq) return protocol::RouteCountValue(w);
+    const uint64_t again = gpu::LoadRelaxedSys(count_word(half, i));  // only when direct: the table tags every word
+    return protocol::RouteCountSeq(again) == seq ? protocol::RouteCountValue(again) : ~0u;
+  };
   Trace(c, LlOp::kDispatch, kTraceRecvPlanned);
 
   // A message (one per (token, rank)) carries up to top-k rows. When there are fewer messages than CTAs, several
-  // CTAs copy one message: its payload's 512-byte slices (a 16-byte store per lane) split into `segs` segments, and
-  // in FP8 mode one more item writes the scales. One warp storing all of a message's rows was the longest step of a
-  // small-T receive (recv_trace at T=1: 2.9 us for the payload's 8 rows, then 1.4 us for their scales). Segments
-  // target one item per CTA, not per warp: splitting down to a warp per slice at T=128 (1 rank) cost the dispatch
-  // kernel 7 % (re-read headers, more warps fetching cold code), bench/RESULTS.md session 14.
-  const int total = WarpMessageTotal(msg_count, R);
+  // CTAs copy one message: its payload's 512-byte slices (a 16-byte store per lane) split into `segs` segments, each
+  // with the FP8 scales of its channels. One warp storing all of a message's rows was the longest step of a small-T
+  // receive (recv_trace at T=1: 2.9 us for the payload's 8 rows, then 1.4 us for their scales), and so was one item
+  // storing a message's scales (6.4 us at T=1 against 4.8 for the payload items, session 21). Segments target one item
+  // per CTA, not per warp: splitting down to a warp per slice at T=128 (1 rank) cost the dispatch kernel 7 %
+  // (re-read headers, more warps fetching cold code), bench/RESULTS.md session 14.
+  const int total = WarpMessageTotal(messages, R);
   const int64_t bytes = fp8 ? H : int64_t{2} * H;
   const int slices = static_cast<int>((bytes + 511) / 512);
-  const int segs = total > 0 ? max(1, min(slices, G / total)) : 1;
-  const int per_msg = segs + (fp8 ? 1 : 0);
-  for (int item = warp * G + blockIdx.x; item < total * per_msg; item += G * kWarps) {
-    const int m = item / per_msg, s = item - m * per_msg;
-    const bool scale_item = s == segs;  // FP8: the message's item that writes the scales (no payload bytes)
-    const int64_t lo = scale_item ? 0 : int64_t{s * slices / segs} * 512;
-    const int64_t seg_bytes = scale_item ? 0 : min(bytes, int64_t{(s + 1) * slices / segs} * 512) - lo;
-    const MessageRef ref = LocateMessage(msg_count, R, m);
+  // A segment is at most kRecvCopyRegs slices: one copy pass, its loads issued with the header's.
+  const int segs = max((slices + kRecvCopyRegs - 1) / kRecvCopyRegs, total > 0 ? min(slices, G / total) : 1);
+  const bool ue8m0 = p.mode.use_ue8m0;
+  const int scales_per_row = ue8m0 ? num_packed : num_scales;  // recv_scales words per (local expert, row)
+  for (int item = warp * G + blockIdx.x; item < total * segs; item += G * kWarps) {
+    const int m = item / segs, s = item - m * segs;
+    const int q0 = s * slices / segs, nq = (s + 1) * slices / segs - q0;  // the segment's slices
+    const int64_t lo = int64_t{q0} * 512, seg_bytes = min(bytes - lo, int64_t{nq} * 512);
+    const MessageRef ref = LocateMessage(messages, R, m);
     const int src = ref.src, j = ref.j;
     const uint8_t* in = SrcBase(c, src);
     const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
     const uint8_t* payload = in + L.DispatchRecvOffset(half, src, j, fp8);
-    // The header, the segment's first pass and the first scales: independent loads, issued together.
+    // The header, the segment's bytes and its scales: independent loads, issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
-    uint4 v[kCopyRegs];
+    uint4 v[kRecvCopyRegs];
     LoadCopyPass(payload + lo, seg_bytes, 0, v);
-    float sc[4];
-    const float* scales = reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H));
-    if (scale_item) LoadScalePass(scales, num_scales, 0, p.mode.use_ue8m0, sc);
+    const ScaleWord sw = fp8 ? LoadScaleWord(reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H)),
+                                             scales_per_row, q0, nq, ue8m0)
+                             : ScaleWord{};
     const bool lead = s == 0;  // the message's first item records its errors and writes src_info
     const int src_token = static_cast<int>(gpu::WarpShfl(word, 0));
     const uint32_t w1 = gpu::WarpShfl(word, 1);
@@ -433,15 +479,23 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     }
     // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
     const uint32_t sel = gpu::WarpShfl(word, (4 + lane) & 31);
-    int64_t my_row = -1, my_rr = 0;
-    int my_le = 0;
+    int64_t my_row = -1;
+    int my_le = 0, my_rr = 0;
     bool bad = false;
     if (lane < num_sel) {
       my_le = static_cast<int>(protocol::SelectionExpert(sel));
-      const int r = static_cast<int>(protocol::SelectionRow(sel));
-      bad = my_le >= E_loc || r >= cnt[src * E_loc + my_le];
+      const uint32_t r = protocol::SelectionRow(sel);
+      // The row inside the local expert's packed block: the rows of the sources before src, then src's row r.
+      uint32_t before = 0, n = 0;
+      bad = my_le >= E_loc;
+      for (int s0 = 0; s0 <= src && !bad; ++s0) {
+        before += n;
+        n = route_count(s0, my_le);
+        bad = n > static_cast<uint32_t>(T);
+      }
+      bad |= r >= n;
       if (!bad) {
-        my_rr = begin[src * E_loc + my_le] + r;  // row inside the local expert's packed block
+        my_rr = static_cast<int>(before + r);
         my_row = int64_t{my_le} * rows + my_rr;
         if (lead) p.src_info[my_row] = src_token;
       }
@@ -450,39 +504,14 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
     }
     const unsigned targets = gpu::WarpBallot(my_row >= 0);
-    // The segment goes through registers: loaded once per pass, stored to every selection's row.
-    for (int64_t base = 0; base < seg_bytes; base += kCopyPassBytes) {
-      if (base > 0) LoadCopyPass(payload + lo, seg_bytes, base, v);
-      for (unsigned t = targets; t != 0; t &= t - 1) {
-        const int64_t row = gpu::WarpShfl(my_row, __ffs(t) - 1);
-        StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, base, v);
-      }
-    }
-    if (!scale_item) continue;
-    // Scales, 128 per pass (4 per lane). fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte
-    // g % 4 of word (le, g / 4, row) is group g's exponent.
-    for (int g0 = 0; g0 < num_scales; g0 += 128) {
-      if (g0 > 0) LoadScalePass(scales, num_scales, g0, p.mode.use_ue8m0, sc);
-      uint32_t packed = 0;
-#pragma unroll
-      for (int b = 0; b < 4 && p.mode.use_ue8m0; ++b) packed |= uint32_t{Ue8m0FromScaleInv(sc[b])} << (8 * b);
-      for (unsigned t = targets; t != 0; t &= t - 1) {
-        const int i_sel = __ffs(t) - 1;
-        const int le = gpu::WarpShfl(my_le, i_sel);
-        const int64_t rr = gpu::WarpShfl(my_rr, i_sel);
-        if (p.mode.use_ue8m0) {
-          const int q = g0 / 4 + lane;
-          if (q < num_packed)
-            static_cast<uint32_t*>(p.recv_scales)[(int64_t{le} * num_packed + q) * rows + rr] = packed;
-        } else {
-          float* out = static_cast<float*>(p.recv_scales) + int64_t{le} * num_scales * rows + rr;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int g = g0 + i * 32 + lane;
-            if (g < num_scales) out[g * rows] = sc[i];
-          }
-        }
-      }
+    // The segment goes through registers: loaded once, stored to every selection's row, with its scale words
+    // (fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte g % 4 of word g / 4 = group g).
+    for (unsigned t = targets; t != 0; t &= t - 1) {
+      const int i_sel = __ffs(t) - 1;
+      const int64_t row = gpu::WarpShfl(my_row, i_sel);
+      StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, 0, v);
+      const int le = gpu::WarpShfl(my_le, i_sel), rr = gpu::WarpShfl(my_rr, i_sel);
+      if (sw.w >= 0) static_cast<uint32_t*>(p.recv_scales)[(int64_t{le} * scales_per_row + sw.w) * rows + rr] = sw.bits;
     }
   }
   if (c.trace != nullptr) {

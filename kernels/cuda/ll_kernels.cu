@@ -66,7 +66,8 @@ __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, u
   if (phase & kPhaseRecv) {
     if (phase & kPhaseSend) {
       __syncthreads();  // the receive phase reuses the send phase's shared memory
-      StampRecvStart(c, gate.Open(), NowNs());
+      const uint32_t seq = gate.Open();
+      if (threadIdx.x == 0) StampRecvStart(c, seq, NowNs());
     }
     recv(p, gate, smem);
     const uint32_t seq = gate.Open();
