@@ -306,13 +306,6 @@ __device__ __forceinline__ MessageRef LocateMessage(const Count& count, int R, i
   return MessageRef{R - 1, 0};  // not reached for m < total
 }
 
-/// A route count the early load found untagged with call `seq` (loaded before the source's signal was seen): loaded
-/// again, ~0u if still not the call's (a bad message). Out of line: rare, and code a receive fetches cold.
-__device__ __noinline__ uint32_t ReloadRouteCount(const uint64_t* word, uint32_t seq) {
-  const uint64_t w = gpu::LoadRelaxedSys(word);
-  return protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
-}
-
 /// Whether the dispatch receive loads the route counts early (DispatchRecv): all sources NVLink peers (a proxy
 /// source's block is in host memory, read once, after its signal) and one word per thread.
 __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c) {
@@ -321,10 +314,10 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 
 /// The dispatch receive (one launch; every CTA):
 ///  1. waits for every source's signal (its message count; the peeked words when they are there already);
-///  2. reads the route counts (words[half][src][le]): local expert le's block holds the rows of source 0, then source
-///  1, ...
-///     The last CTA (tokenless at small T) checks them all and writes the handle (recv_count, layout_range,
-///     statistics). When the peek found every signal, the other CTAs skip steps 1-2: the early words are the counts;
+///  2. reads the route counts (words[half][src][le]; local expert le's block holds the rows of source 0, then of
+///     source 1, ...). The last CTA (tokenless at small T) checks them all and writes the handle (recv_count,
+///     layout_range, statistics). When the peek found every signal, the other CTAs skip steps 1-2: the early words
+///     are the counts;
 ///  3. copies messages (one per (token, rank)) to their rows. A warp finds its message's source by a warp scan over
 ///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy), and each selection's
 ///     lane its row by summing the counts of the sources before the message's.
