@@ -29,7 +29,7 @@ inline size_t TraceBytes(int num_ctas) {
 // mirrors, [2 halves][E] proxy block counters (combine coalescing), one word holding the two 32-bit flags, then,
 // 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h LlDeviceContext,
 // LlCallState), then the dispatches' plans kept for their combines (ll_kernels.h CarriedPlanArea). All of it starts
-// zeroed (a zeroed plan header names no layout_range).
+// zeroed (a zeroed plan header names no plan: keys start at 1).
 struct Workspace {
   int64_t R, E, T;
   int64_t mirrors() const { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
