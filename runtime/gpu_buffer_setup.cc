@@ -313,6 +313,9 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.metrics = d_metrics_;
   ctx_.stamps = d_stamps_;
   ctx_.metrics_layout = metrics_layout_;
+  ctx_.grid = protocol::FastDivisor64::Make(static_cast<uint32_t>(num_ctas_));
+  ctx_.send_items = protocol::FastDivisor::Make(
+      static_cast<uint32_t>(kernels::cuda::DispatchSendItemsPerToken(layout_.shape.hidden)));
   if (d_shrink_ != nullptr) {
     const gpu_buffer_internal::ShrinkArea area{layout_.shape.num_ranks, layout_.shape.num_local_experts()};
     ctx_.mask = reinterpret_cast<int32_t*>(d_shrink_);

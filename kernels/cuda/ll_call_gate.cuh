@@ -75,7 +75,7 @@ __device__ uint32_t TakeSendCall(const LlDeviceContext& c, LlOp op, unsigned lon
   // Both records and the abort flag load while the atomic is in flight: one round trip.
   const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
   const bool aborted = Aborted(c);
-  const unsigned long long n = atomicAdd(&s->send_ctas, 1ull) / gridDim.x;
+  const unsigned long long n = c.grid.Div(atomicAdd(&s->send_ctas, 1ull));
   *n_out = n;
   const uint32_t seq = protocol::DeviceCallSeq(n);
   const int h = protocol::HalfOfSeq(seq);
@@ -117,9 +117,9 @@ __device__ uint32_t TakeReceiveCall(const LlDeviceContext& c, LlOp op, uint32_t 
   LlCallState* s = c.calls;
   const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
   const bool aborted = Aborted(c);
-  const unsigned long long next_send = gpu::LoadCg(&s->send_ctas) / gridDim.x;  // no send runs during this launch
+  const unsigned long long next_send = c.grid.Div(gpu::LoadCg(&s->send_ctas));  // no send runs during this launch
   // The receive launch's index, never kReceivedInLaunch.
-  const uint32_t launch = static_cast<uint32_t>((atomicAdd(&s->recv_ctas, 1ull) / gridDim.x) % kReceivedInLaunch);
+  const uint32_t launch = static_cast<uint32_t>(c.grid.Div(atomicAdd(&s->recv_ctas, 1ull)) % kReceivedInLaunch);
   const RecordView r = PickRecord((next_send & 1) != 0, r0, r1);
   int half = -1;
   uint32_t seq = 0;

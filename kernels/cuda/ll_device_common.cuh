@@ -17,8 +17,8 @@ using protocol::LlOp;
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kK = protocol::kMaxTopK;
-constexpr int kChunk = 512;    // channels per dispatch work item: 16 per lane
-constexpr int kCopyRegs = 16;  // 16-byte registers per lane a warp copy keeps in flight: 8 KiB per warp pass
+constexpr int kChunk = kDispatchChunk;  // channels per dispatch work item: 16 per lane
+constexpr int kCopyRegs = 16;           // 16-byte registers per lane a warp copy keeps in flight: 8 KiB per warp pass
 
 // ------------------------------------------------------------------------------------------ memory model
 

@@ -22,8 +22,8 @@ struct DispatchSendShared {
 };
 
 // Dispatch send's shared memory: DispatchSendShared, counts[E_loc], then PlanRound's scratch.
-__host__ __device__ int64_t DispatchScratchOffset(const protocol::LlShape& s) {
-  return protocol::AlignUp(static_cast<int64_t>(sizeof(DispatchSendShared)) + int64_t{4} * s.num_local_experts(), 16);
+__host__ __device__ int64_t DispatchScratchOffset(int num_local_experts) {
+  return protocol::AlignUp(static_cast<int64_t>(sizeof(DispatchSendShared)) + int64_t{4} * num_local_experts, 16);
 }
 
 /// Route-count words a dispatch receive loads early, one per thread (never the gate thread, which is reading the
@@ -81,7 +81,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   auto* sh = reinterpret_cast<DispatchSendShared*>(smem);
   int* counts = reinterpret_cast<int*>(smem + sizeof(DispatchSendShared));
-  auto* scratch = reinterpret_cast<PlanScratch*>(smem + DispatchScratchOffset(L.shape));
+  auto* scratch = reinterpret_cast<PlanScratch*>(smem + DispatchScratchOffset(E_loc));
   const int num_chunks = (H + kChunk - 1) / kChunk;
   Trace(c, LlOp::kDispatch, kTraceSendStart);
   uint8_t* const lane_peer = LanePeer(c);
@@ -134,24 +134,26 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   if (k_dst > 0) Trace(c, LlOp::kDispatch, kTraceCounted);
 
   // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them.
-  const int my_tokens = p.num_tokens > static_cast<int>(blockIdx.x) ? (p.num_tokens - blockIdx.x + G - 1) / G : 0;
+  const int my_tokens =
+      p.num_tokens > static_cast<int>(blockIdx.x) ? static_cast<int>(c.grid.Div(p.num_tokens - blockIdx.x + G - 1)) : 0;
   for (int round = 0; round < my_tokens; round += kWarps) {
     const int n = min(kWarps, my_tokens - round);
-    // Items: (token, chunk) payload pieces plus one header item per token. A warp's first item of the round is
-    // loaded before the plan (it does not depend on it), so the x loads are in flight with the routing loads.
-    const auto item_token = [&](int item) { return blockIdx.x + (round + item / (num_chunks + 1)) * G; };
-    const bool first_is_payload = warp < n * (num_chunks + 1) && warp % (num_chunks + 1) < num_chunks;
+    // Items: (token, chunk) payload pieces plus one header item per token (c.send_items = num_chunks + 1 of them). A
+    // warp's first item of the round is loaded before the plan (it does not depend on it), so the x loads are in
+    // flight with the routing loads.
+    const auto item_token = [&](int item) { return blockIdx.x + (round + c.send_items.Div(item)) * G; };
+    const bool first_is_payload = warp < n * (num_chunks + 1) && c.send_items.Mod(warp) < num_chunks;
     const ChunkPayload first =
-        first_is_payload ? LoadChunk(p, item_token(warp), warp % (num_chunks + 1)) : ChunkPayload{};
+        first_is_payload ? LoadChunk(p, item_token(warp), c.send_items.Mod(warp)) : ChunkPayload{};
     PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kDispatch, seq, scratch, sh->plan);
     __syncthreads();
     if (round == 0) Trace(c, LlOp::kDispatch, kTracePlanned);
     if ((seq = gate.Open()) == 0) return;
     const int half = protocol::HalfOfSeq(seq);
     for (int item = warp; item < n * (num_chunks + 1); item += kWarps) {
-      const int tw = item / (num_chunks + 1), ch = item % (num_chunks + 1);
+      const int tw = c.send_items.Div(item), ch = item - tw * (num_chunks + 1);
       const TokenPlan& pl = sh->plan[tw];
-      const int t = item_token(item);
+      const int t = blockIdx.x + (round + tw) * G;
       if (ch < num_chunks) {
         ChunkPayload cp = item == warp ? first : LoadChunk(p, t, ch);
         EncodeChunk(p, cp);
@@ -236,15 +238,17 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     Trace(c, LlOp::kDispatch, kTraceCounterDone);
   }
   if ((seq = gate.Open()) == 0) return;
-  k_dst = 0;
   const int half = protocol::HalfOfSeq(seq);
   // The tokens' plan entries for the combine (CarriedPlanArea), from the one round a CTA plans: written here, after the
   // loop, because inside it the stores made the kernel spill.
   if (warp == 1 && lane < K && my_tokens <= kWarps) {
     for (int tw = 0; tw < my_tokens; ++tw) KeepPlanEntry(c, half, blockIdx.x + tw * G, K, lane, sh->plan[tw]);
   }
-  for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
-    if (tid == 0) PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
+  if (tid == 0) {  // one thread's loop: for the others the compiler divided by G to skip it
+    k_dst = 0;
+    for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
+      PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
+    }
   }
 }
 
@@ -330,8 +334,6 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
   const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
   const int64_t rows = L.shape.max_recv_rows();
-  const int num_scales = L.shape.num_scales();
-  const int num_packed = L.shape.num_packed_ue8m0();
   const bool fp8 = p.mode.use_fp8;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   const bool writes_handle = blockIdx.x == G - 1;
@@ -430,7 +432,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   Trace(c, LlOp::kDispatch, kTraceRecvPlanned);
 
   // A message (one per (token, rank)) carries up to top-k rows. When there are fewer messages than CTAs, several
-  // CTAs copy one message: its payload's 512-byte slices (a 16-byte store per lane) split into `segs` segments, each
+  // CTAs copy one message: its payload's 512-byte slices (a 16-byte store per lane) split into segments, each
   // with the FP8 scales of its channels. One warp storing all of a message's rows was the longest step of a small-T
   // receive (recv_trace at T=1: 2.9 us for the payload's 8 rows, then 1.4 us for their scales), and so was one item
   // storing a message's scales (6.4 us at T=1 against 4.8 for the payload items, session 21). Segments target one item
@@ -439,13 +441,21 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int total = WarpMessageTotal(messages, R);
   const int64_t bytes = fp8 ? H : int64_t{2} * H;
   const int slices = static_cast<int>((bytes + 511) / 512);
-  // A segment is at most kRecvCopyRegs slices: one copy pass, its loads issued with the header's.
-  const int segs = max((slices + kRecvCopyRegs - 1) / kRecvCopyRegs, total > 0 ? min(slices, G / total) : 1);
+  // 2^lg segments per message: the fewest with at most kRecvCopyRegs slices each (one copy pass, its loads issued
+  // with the header's), doubled while they stay within the slices and one item per CTA. A power of two, so an item
+  // splits into (message, segment) and a segment into slices by shifts: the runtime divisions did that in ~100
+  // instructions, run once per item from a cold instruction cache (bench/RESULTS.md session 22).
+  int lg = 0;
+  while ((kRecvCopyRegs << lg) < slices) ++lg;
+  while ((2 << lg) <= slices && (total << (lg + 1)) <= G) ++lg;
   const bool ue8m0 = p.mode.use_ue8m0;
-  const int scales_per_row = ue8m0 ? num_packed : num_scales;  // recv_scales words per (local expert, row)
-  for (int item = warp * G + blockIdx.x; item < total * segs; item += G * kWarps) {
-    const int m = item / segs, s = item - m * segs;
-    const int q0 = s * slices / segs, nq = (s + 1) * slices / segs - q0;  // the segment's slices
+  // recv_scales words per (local expert, row): H/512 or H/128 (num_packed_ue8m0, num_scales), as a shift: the
+  // compiler turned the two constant divisions into one runtime division by the selected divisor.
+  static_assert(protocol::kChannelsPerScale == 128 && protocol::kChannelsPerPackedUe8m0 == 512);
+  const int scales_per_row = static_cast<int>(static_cast<unsigned>(H) >> (ue8m0 ? 9 : 7));
+  for (int item = warp * G + blockIdx.x; item < total << lg; item += G * kWarps) {
+    const int m = item >> lg, s = item & ((1 << lg) - 1);
+    const int q0 = (s * slices) >> lg, nq = (((s + 1) * slices) >> lg) - q0;  // the segment's slices
     const int64_t lo = int64_t{q0} * 512, seg_bytes = min(bytes - lo, int64_t{nq} * 512);
     const MessageRef ref = LocateMessage(messages, R, m);
     const int src = ref.src, j = ref.j;

@@ -99,7 +99,7 @@ cudaError_t FlushLlMetrics(const LlDeviceContext& ctx, cudaStream_t stream) {
 }
 
 int64_t DispatchSharedBytes(const protocol::LlShape& s) {
-  const int64_t send = DispatchScratchOffset(s) + static_cast<int64_t>(sizeof(PlanScratch));
+  const int64_t send = DispatchScratchOffset(s.num_local_experts()) + static_cast<int64_t>(sizeof(PlanScratch));
   const int64_t recv = DispatchRecvSharedBytes(s);
   return protocol::AlignUp(send > recv ? send : recv, 16);
 }
@@ -145,6 +145,7 @@ namespace {
 template <typename Params>
 cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase, const LaunchConfig& cfg,
                      int64_t shared_bytes, cudaStream_t stream) {
+  if (p.ctx.grid.divisor != static_cast<uint64_t>(cfg.num_ctas)) return cudaErrorInvalidValue;  // another grid's ctx
 #if defined(LLEP_GPU_HIP)
   // HIP 5.2 has no launch-attribute API: the cooperative launch is its own call.
   int phase_arg = static_cast<int>(phase);

@@ -40,6 +40,13 @@ namespace llep::kernels::cuda {
 /// Which part of an operation a launch runs.
 enum LlPhase : int { kPhaseSend = 1, kPhaseRecv = 2, kPhaseBoth = 3 };
 
+/// Channels of one dispatch send work item (16 per lane). A token is ceil(H / kDispatchChunk) payload items and one
+/// header item (LlDeviceContext::send_items).
+inline constexpr int kDispatchChunk = 512;
+__host__ __device__ constexpr int DispatchSendItemsPerToken(int hidden) {
+  return (hidden + kDispatchChunk - 1) / kDispatchChunk + 1;
+}
+
 /// Diagnostic timeline (LLEP_KERNEL_TRACE=1, off otherwise): thread 0 of every CTA stores the global timer (ns) at
 /// these points of each launch into trace[(op * num_ctas + cta) * kTracePoints + point], so the last launch of
 /// each operation leaves its timeline (the benchmark prints it). Points a CTA does not pass keep older values.
@@ -188,6 +195,12 @@ struct LlDeviceContext {
   int32_t* mask = nullptr;
   unsigned long long* verdicts = nullptr;
   uint8_t* carried = nullptr;  ///< device CarriedPlanArea{E, T}: the dispatches' token plans kept for their combines
+  /// Divisors fixed per buffer, so kernels divide by multiplying (fast_div.h) instead of running runtime integer
+  /// divisions from a cold instruction cache: the launches' grid (num_ctas; LaunchDispatch / LaunchCombine refuse
+  /// another), for a launch's index from the CTA counters (ll_call_gate.cuh) and a CTA's share of the tokens; and
+  /// DispatchSendItemsPerToken(hidden), for a dispatch send's work item -> (token, chunk).
+  protocol::FastDivisor64 grid;
+  protocol::FastDivisor send_items;
 };
 
 /// A verdict's value for a masked source (signal values are at most T or the combine rows per source, far below).

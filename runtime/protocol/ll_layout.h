@@ -71,6 +71,7 @@ struct LlLayout {
   int64_t payload_stride_max;  // DispatchPayloadStrideMax(H): bytes reserved per dispatch slot
   int64_t combine_stride;      // CombineRowStride(H)
   int64_t route_block_bytes;   // RouteBlockBytes(shape)
+  int64_t route_counts_bytes;  // RouteCountsBytes(shape), kept so kernels do not divide E by R for it
   int64_t combine_rows_per_src;
   /// shape.num_local_experts() and shape.num_ranks as divisors: kernels split a global expert id into (rank, local
   /// expert) and a flattened index into its parts with these instead of an integer division (fast_div.h says why).
@@ -103,8 +104,7 @@ struct LlLayout {
   }
   /// Offset of header `slot` inside a route block that starts at `route_block_off`.
   LLEP_HD constexpr int64_t RouteHeaderOffset(int64_t route_block_off, int slot) const {
-    return route_block_off + RouteCountsBytes(shape) +
-           int64_t{slot} * static_cast<int64_t>(sizeof(DispatchTokenHeader));
+    return route_block_off + route_counts_bytes + int64_t{slot} * static_cast<int64_t>(sizeof(DispatchTokenHeader));
   }
   /// Receive slots of one source are packed at the call's mode stride inside that source's T-slot area.
   LLEP_HD constexpr int64_t DispatchRecvOffset(int half, int src, int slot, bool use_fp8) const {
@@ -126,6 +126,7 @@ LLEP_HD constexpr LlLayout ComputeLlLayout(const LlShape& s) {
   l.payload_stride_max = DispatchPayloadStrideMax(s.hidden);
   l.combine_stride = CombineRowStride(s.hidden);
   l.route_block_bytes = RouteBlockBytes(s);
+  l.route_counts_bytes = RouteCountsBytes(s);
   l.combine_rows_per_src = CombineRowsPerSource(s);
   l.local_experts = FastDivisor::Make(static_cast<uint32_t>(s.num_local_experts()));
   l.ranks = FastDivisor::Make(static_cast<uint32_t>(s.num_ranks));
