@@ -127,8 +127,9 @@ absl::Status ValidateLayoutRange(const LlShape& s, const int64_t* layout_range) 
 absl::Status ValidateDispatchCall(const LlShape& shape, const DispatchCall& call, int num_layers) {
   if (absl::Status s = ValidateCounts(shape, call.num_tokens, call.num_topk); !s.ok()) return s;
   if (call.layer < 0 || call.layer >= num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", call.layer, " is outside [0, ", num_layers,
-                                                   "): the buffer counts that many MoE layers (LLEP_METRICS_LAYERS)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", call.layer, " is outside [0, ", num_layers,
+                     "): the buffer counts that many MoE layers (Buffer(metrics_layers=n) or LLEP_METRICS_LAYERS)"));
   }
   if (absl::Status s = ValidateDispatchMode(shape, call.mode); !s.ok()) return s;
   if (call.num_tokens > 0 && (call.x == nullptr || call.topk_idx == nullptr)) {

@@ -203,6 +203,9 @@ class Buffer:
 
     Attributes (as DeepEP's): rank, group_size, group, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
     explicitly_destroy, enable_shrink, runtime, nvshmem_qp_depth; class attribute num_sms.
+
+    llep keyword: metrics_layers, the MoE layers whose received tokens the buffer counts apart (a dispatch's `layer=`
+    must be below it); default LLEP_METRICS_LAYERS (128). An engine that knows its model passes its layer count.
     """
 
     num_sms: int = 20
@@ -211,7 +214,8 @@ class Buffer:
     def __init__(self, group: Optional[dist.ProcessGroup], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
                  allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False, use_fabric: bool = False,
-                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Optional[Any] = None) -> None:
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Optional[Any] = None,
+                 *, metrics_layers: Optional[int] = None) -> None:
         if group is not None:
             self.rank, self.group_size = dist.get_rank(group), dist.get_world_size(group)
         elif comm is not None:
@@ -225,6 +229,9 @@ class Buffer:
             raise _invalid(f'num_rdma_bytes ({num_rdma_bytes}) must be a multiple of 128')
         if not isinstance(num_qps_per_rank, int) or num_qps_per_rank < 1:
             raise _invalid(f'num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}')
+        if metrics_layers is not None and (not isinstance(metrics_layers, int) or isinstance(metrics_layers, bool) or
+                                           metrics_layers < 1):
+            raise _invalid(f'metrics_layers must be a positive int, got {metrics_layers!r}')
         self.group = group
         self.comm = comm
         self.num_nvl_bytes = num_nvl_bytes
@@ -241,6 +248,8 @@ class Buffer:
         self._shape: Optional[Tuple[int, int, int]] = None
         # Every LLEP_* option comes from the native reader (runtime/base/env.h): one read site and one default each.
         self._options: Dict[str, Any] = _llep.read_options()
+        if metrics_layers is not None:
+            self._options['metrics_layers'] = metrics_layers
         self._metrics = bool(self._options['metrics'])
         self.metrics_port: Optional[int] = None  # the exporter's bound port once started
         self._destroyed = False
@@ -328,7 +337,7 @@ class Buffer:
         ('send', 'recv_wait', 'total') a dict with 'bounds_s' (bucket upper bounds), 'counts' (per bucket, the
         last one +Inf, not cumulative), 'sum_s', 'count'; recv_wait_s: per op a float64 tensor [group_size];
         dispatch_selections: int64 [group_size] ((token, expert) selections sent per destination rank);
-        layer_expert_recv_tokens: int64 [LLEP_METRICS_LAYERS, num_local_experts], the sum of recv_count over the
+        layer_expert_recv_tokens: int64 [metrics_layers, num_local_experts], the sum of recv_count over the
         dispatches of each layer (the `layer` keyword of low_latency_dispatch); expert_recv_tokens: int64
         [num_local_experts], its sum over layers.
         On the GPU an operation's latencies are binned by a later operation's receive launch; `flush` first
@@ -515,7 +524,7 @@ class Buffer:
         layer (llep keyword, default 0): the MoE layer this call serves, so the per-expert receive counts are kept per
         layer (metrics_snapshot()['layer_expert_recv_tokens'], llep_expert_recv_tokens_total{layer=...}); it is an
         argument of the kernels, so a captured graph keeps counting each of its dispatches under its own layer.
-        Must be in [0, LLEP_METRICS_LAYERS).
+        Must be in [0, metrics_layers) (the Buffer keyword, default LLEP_METRICS_LAYERS).
         """
         if kwargs:
             _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)

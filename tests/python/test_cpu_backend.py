@@ -270,6 +270,18 @@ def _worker(rank, port, provider):
     buf.destroy()
     with pytest.raises(llep.LlepFailedPreconditionError):
         buf.low_latency_dispatch(x, topk, T * 2, E)
+
+    # metrics_layers (llep keyword): the per-layer counters of a model with more layers than LLEP_METRICS_LAYERS.
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match='metrics_layers must be a positive int'):
+            llep.Buffer(group, num_rdma_bytes=hint, low_latency_mode=True, metrics_layers=bad)
+    buf = llep.Buffer(group, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True, metrics_layers=200)
+    _, count, _, _, _ = buf.low_latency_dispatch(x, topk, T, E, layer=199)
+    per_layer = buf.metrics_snapshot()['layer_expert_recv_tokens']
+    assert per_layer.shape == (200, E // R) and torch.equal(per_layer[199], count.long()) and not per_layer[:199].any()
+    with pytest.raises(ValueError, match=r'layer 200 is outside \[0, 200\)'):
+        buf.low_latency_dispatch(x, topk, T, E, layer=200)
+    buf.destroy()
     dist.destroy_process_group()
 
 

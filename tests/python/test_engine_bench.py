@@ -39,12 +39,12 @@ def test_engine_bench_runs_every_system_it_can_and_reports_the_others():
 
 def test_engine_bench_keeps_the_output_of_a_timed_out_run():
     out = os.path.join(tempfile.mkdtemp(prefix='llep-engine-bench-'), 'e.json')
-    # 200 tiny layers: the ranks start within the limit and are still decoding when it passes. The buffer must count
-    # that many layers (its default, 128, refused layer 128 with an error when the ranks started fast).
-    env = dict(os.environ, LLEP_METRICS_LAYERS='200')
+    # 200 tiny layers: the ranks start within the limit and are still decoding when it passes. The engine sizes its
+    # buffer's per-layer counters to the model (Buffer(metrics_layers=...); LLEP_METRICS_LAYERS' default, 128, refused
+    # layer 128 with an error when the ranks started fast).
     p = subprocess.run([sys.executable, BENCH, '--device', 'cpu', '--model', 'tiny', '--layers', '200', '--batches', '2',
                         '--systems', 'llep', '--modes', 'eager+tbo', '--timeout', '5', '--json', out],
-                       env=env, capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]  # nothing measured
     r = json.load(open(out))['results']['llep']['eager+tbo']['2']
     assert r['error'].startswith('timed out after 5 s'), r

@@ -69,7 +69,9 @@ def _buffer(a, cfg, group, T):
     if a.system == 'llep':
         import llep
         hint = llep.Buffer.get_low_latency_rdma_size_hint(T, cfg.hidden, R, cfg.num_experts)
-        buf = llep.Buffer(group, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
+        # The per-layer receive counters sized to the model: every MoE layer's `layer=` is counted apart.
+        buf = llep.Buffer(group, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True,
+                          metrics_layers=cfg.num_layers)
         buf.backend = a.device
         return buf
     import deep_ep
