@@ -244,7 +244,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   if (warp == 1 && lane < K && my_tokens <= kWarps) {
     for (int tw = 0; tw < my_tokens; ++tw) KeepPlanEntry(c, half, blockIdx.x + tw * G, K, lane, sh->plan[tw]);
   }
-  if (tid == 0) {  // one thread's loop: for the others the compiler divided by G to skip it
+  if (tid == 0) {  // the publishing thread's loop (the compiler still computes its trip count with one division)
     k_dst = 0;
     for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
       PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
