@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a receive-only launch spends its time (issue #19, receive-launch fixed cost): one rank, hook mode, the
-kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For the last receive launch of each op it prints, per trace
-point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped
+kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each op it prints, per
+trace point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped
 before the call state is read), and the profiler's duration of the same receive kernel, so the part of the launch no
 CTA stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
 
@@ -26,20 +26,25 @@ POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'publish
 RECV = ['entered', 'recv_start', 'call_read', 'opened', 'recv_planned', 'signals', 'recv_end']
 
 
-def timeline(buf, op):
+SEND = ['entered', 'send_start', 'call_read', 'opened', 'counted', 'planned', 'encoded', 'stored', 'fenced',
+        'counter_done', 'published']
+
+
+def timeline(buf, op, points):
+    """The newest launch of op (a send or a receive launch: `points`, SEND or RECV, are the ones it stamps)."""
     tr = buf.runtime.kernel_trace()
     G, P = buf.runtime.num_ctas, 16
-    col = {name: [tr[(op * G + b) * P + POINTS.index(name)] for b in range(G)] for name in RECV}
+    col = {name: [tr[(op * G + b) * P + POINTS.index(name)] for b in range(G)] for name in points}
     # Points are kept from older launches when a launch does not pass them: only this launch's (>= its entry) count.
     t0 = min(v for v in col['entered'] if v)
     cells = []
-    for name in RECV:
+    for name in points:
         vs = sorted(((v - t0) / 1000, b) for b, v in enumerate(col[name]) if v >= t0)
         if vs:
             cells.append(f'{name} {statistics.median(v for v, _ in vs):.2f}/{vs[-1][0]:.2f}@{vs[-1][1]}')
     # CTA 0 holds the first token / message, the last CTA the handle and the count check: their own timelines.
     for b in (0, G - 1):
-        pts = ' '.join(f'{name} {(col[name][b] - t0) / 1000:.2f}' for name in RECV if col[name][b] >= t0)
+        pts = ' '.join(f'{name} {(col[name][b] - t0) / 1000:.2f}' for name in points if col[name][b] >= t0)
         cells.append(f'[CTA {b}: {pts}]')
     return ', '.join(cells)
 
@@ -75,14 +80,29 @@ def main():
 
         for _ in range(5):
             round_trip()
+        # One more round, stopped after each launch to read that launch's timeline ('entered', 'call_read' and
+        # 'opened' are stamped by send and receive launches alike, so each is read before the next launch).
+        lines = {}
+        d = buf.low_latency_dispatch(x, topk, T_top, E, return_recv_hook=True)
         torch.cuda.synchronize()
-        d_line, c_line = timeline(buf, 0), timeline(buf, 1)
+        lines['ds'] = timeline(buf, 0, SEND)
+        d[-1]()
+        torch.cuda.synchronize()
+        lines['dr'] = timeline(buf, 0, RECV)
+        _, _, ch = buf.low_latency_combine(y, topk, w, d[2], return_recv_hook=True)
+        torch.cuda.synchronize()
+        lines['cs'] = timeline(buf, 1, SEND)
+        ch()
+        torch.cuda.synchronize()
+        lines['cr'] = timeline(buf, 1, RECV)
         ks = kernel_times(round_trip, args.iters, torch.cuda.synchronize)
         med = {f'{op}_{ph}': statistics.median(ks[op][i::2]) for op in ks for i, ph in ((0, 'send'), (1, 'recv'))}
         print(f'T={T}: profiler kernel durations (µs, median): ' + ', '.join(f'{k} {v:.2f}' for k, v in med.items()),
               flush=True)
-        print(f'T={T}: dispatch receive launch, µs since the first CTA entered (median/max over CTAs): {d_line}')
-        print(f'T={T}: combine receive launch: {c_line}', flush=True)
+        print(f'T={T}: dispatch send launch, µs since the first CTA entered (median/max over CTAs): {lines["ds"]}')
+        print(f'T={T}: dispatch receive launch: {lines["dr"]}')
+        print(f'T={T}: combine send launch: {lines["cs"]}')
+        print(f'T={T}: combine receive launch: {lines["cr"]}', flush=True)
     buf.destroy()
     dist.destroy_process_group()
 
