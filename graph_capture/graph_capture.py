@@ -61,6 +61,31 @@ def pick_size(sizes: Sequence[int], num_tokens: int) -> int:
     return min(fits)
 
 
+def capture_sizes(sizes: Sequence[int], step: Callable[[int], Outputs], *, pool: Any, warmups: int = 2,
+                  settle: Optional[Callable[[], None]] = None,
+                  capture_error_mode: str = 'global') -> Dict[int, Tuple[Any, Outputs]]:
+    """Collective. One CUDA graph of step(size) per size, in the order given (largest first: graph_sizes), all in
+    `pool`. Per size: `warmups` eager steps (they also create what a step allocates lazily, e.g. the buffer's layout,
+    which must not allocate inside a capture), then the capture; before each of them the device is synchronised and
+    settle() runs (a barrier over the EP group, so every rank makes the same calls in the same order as SGLang's
+    CudaGraphRunner does, or a check of the buffer's recorded errors). Returns {size: (graph, the captured outputs)}.
+    The one capture loop of DecodeGraphs and llep.engine."""
+    graphs: Dict[int, Tuple[Any, Outputs]] = {}
+    for size in sizes:
+        for i in range(warmups + 1):
+            torch.cuda.synchronize()
+            if settle is not None:
+                settle()
+            if i < warmups:
+                step(size)
+                continue
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode=capture_error_mode):
+                graphs[size] = (graph, step(size))
+    torch.cuda.synchronize()
+    return graphs
+
+
 def moe_step(buffer: Any, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
              expert_fn: Callable[[Any, torch.Tensor, tuple], torch.Tensor], *, num_max_dispatch_tokens_per_rank: int,
              num_experts: int, use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
@@ -170,16 +195,14 @@ class DecodeGraphs:
         """Collective. Per size, largest first: `warmups` eager steps (they also create the buffer's layout, which
         allocates and must not happen inside a capture), then the capture. Eager mode only marks itself ready."""
         if self.use_graphs:
-            for size in self.sizes:
+            def step(size: int) -> Outputs:
                 slot = self._slots[size]
-                for _ in range(self.warmups):
-                    self.step(slot.x, slot.topk_idx, slot.topk_weights)
-                torch.cuda.synchronize()
-                self.buffer.check_errors()
-                slot.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(slot.graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
-                    slot.outputs = self.step(slot.x, slot.topk_idx, slot.topk_weights)
-            torch.cuda.synchronize()
+                return self.step(slot.x, slot.topk_idx, slot.topk_weights)
+
+            graphs = capture_sizes(self.sizes, step, pool=self.pool, warmups=self.warmups,
+                                   settle=self.buffer.check_errors, capture_error_mode=self.capture_error_mode)
+            for size, (graph, outputs) in graphs.items():
+                self._slots[size].graph, self._slots[size].outputs = graph, outputs
         self.captured = True
 
     def _load(self, slot: _SizeSlot, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:

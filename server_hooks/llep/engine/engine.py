@@ -14,7 +14,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from llep.graph_capture import graph_sizes, pick_size
+from llep.graph_capture import capture_sizes, graph_sizes, pick_size
 
 from .model import Model
 
@@ -85,21 +85,15 @@ class Engine:
             dist.barrier(group=self.group)
 
     def _capture(self) -> None:
-        """Per size, largest first: two warm-up steps, each after a synchronisation and a barrier (every EP rank runs
-        the same collectives, as SGLang's CudaGraphRunner does), then the capture into the shared pool."""
-        pool = torch.cuda.graph_pool_handle()
-        for size in self.sizes:
+        """Per size, largest first, into one pool (llep.graph_capture.capture_sizes): two warm-up steps and the
+        capture, each after a synchronisation and a barrier over the EP group."""
+        def step(size: int) -> torch.Tensor:
             s = self.static[size]
-            for _ in range(2):
-                torch.cuda.synchronize()
-                self._barrier()
-                self._fwd(s.tokens, s.pos, s.slots, s.valid)
-            torch.cuda.synchronize()
-            self._barrier()
-            s.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(s.graph, pool=pool):
-                s.logits = self._fwd(s.tokens, s.pos, s.slots, s.valid)
-        torch.cuda.synchronize()
+            return self._fwd(s.tokens, s.pos, s.slots, s.valid)
+
+        graphs = capture_sizes(self.sizes, step, pool=torch.cuda.graph_pool_handle(), settle=self._barrier)
+        for size, (graph, logits) in graphs.items():
+            self.static[size].graph, self.static[size].logits = graph, logits
 
     def _forward(self, tokens: List[int], pos: List[int], slots: List[int]) -> torch.Tensor:
         n = len(tokens)
