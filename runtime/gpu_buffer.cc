@@ -244,18 +244,20 @@ absl::Status GpuBuffer::Clean(cudaStream_t stream) {
     return absl::FailedPreconditionError(
         absl::StrCat("the proxy (", transport_name_, ") failed; rebuild the buffer: ", proxy_->status().message()));
   }
-  kernels::cuda::LlCallState state;
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(&state, ctx_.calls, sizeof(state), cudaMemcpyDeviceToHost));
-  const uint64_t launches = (state.send_ctas + num_ctas_ - 1) / num_ctas_;  // a refused launch still took its number
+  std::vector<kernels::cuda::LlCtaLaunches> counts(static_cast<size_t>(num_ctas_));
+  LLEP_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(counts.data(), ctx_.launches, sizeof(counts[0]) * counts.size(), cudaMemcpyDeviceToHost));
+  uint64_t launches = 0;  // a refused launch still took its number; every CTA counted it (the most, to be safe)
+  for (const auto& cta : counts) launches = std::max<uint64_t>(launches, cta.sends);
   LLEP_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, bootstrap_.AllGatherU64(launches));
   const uint64_t newest = *std::max_element(all.begin(), all.end());
   // Every rank's next send takes launch index `newest` + 1 (one spare: a number no rank used), so every signal word
   // written before is older than any call after; nothing is in flight and no region is held.
-  const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts, layout_.shape.max_tokens_per_rank};
+  const auto ws = gpu_buffer_internal::Workspace::Of(layout_.shape, num_ctas_);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
-  kernels::cuda::LlCallState fresh{};
-  fresh.send_ctas = (newest + 1) * static_cast<uint64_t>(num_ctas_);
-  LLEP_CUDA_RETURN_IF_ERROR(cudaMemcpy(ctx_.calls, &fresh, sizeof(fresh), cudaMemcpyHostToDevice));
+  for (auto& cta : counts) cta = kernels::cuda::LlCtaLaunches{newest + 1, 0};
+  LLEP_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(ctx_.launches, counts.data(), sizeof(counts[0]) * counts.size(), cudaMemcpyHostToDevice));
   std::memset(h_errors_, 0, sizeof(protocol::DeviceErrorRecords));
   LLEP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   fatal_ = absl::OkStatus();

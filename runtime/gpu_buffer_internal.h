@@ -28,16 +28,22 @@ inline size_t TraceBytes(int num_ctas) {
 // The device workspace, in 64-bit words: [2 halves][2 ops][R] completion counters, the same shape of proxy-signal
 // mirrors, [2 halves][E] proxy block counters (combine coalescing), one word holding the two 32-bit flags, then,
 // 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h LlDeviceContext,
-// LlCallState), then the dispatches' plans kept for their combines (ll_kernels.h CarriedPlanArea). All of it starts
-// zeroed (a zeroed plan header names no plan: keys start at 1).
+// LlCallState), the launch counts of the G CTAs (LlCtaLaunches), then the dispatches' plans kept for their combines
+// (ll_kernels.h CarriedPlanArea). All of it starts zeroed (a zeroed plan header names no plan: keys start at 1).
 struct Workspace {
-  int64_t R, E, T;
+  int64_t R, E, T, G;
+  static Workspace Of(const protocol::LlShape& s, int num_ctas) {
+    return Workspace{s.num_ranks, s.num_experts, s.max_tokens_per_rank, num_ctas};
+  }
   int64_t mirrors() const { return int64_t{protocol::kNumHalves} * protocol::kNumLlOps * R; }
   int64_t blocks() const { return 2 * mirrors(); }
   int64_t flags() const { return blocks() + int64_t{protocol::kNumHalves} * E; }
   int64_t call_state_bytes() const { return protocol::AlignUp((flags() + 1) * 8, 128); }
+  int64_t launches_bytes() const {
+    return call_state_bytes() + static_cast<int64_t>(sizeof(kernels::cuda::LlCallState));
+  }
   int64_t carried_bytes() const {
-    return protocol::AlignUp(call_state_bytes() + static_cast<int64_t>(sizeof(kernels::cuda::LlCallState)), 128);
+    return protocol::AlignUp(launches_bytes() + G * static_cast<int64_t>(sizeof(kernels::cuda::LlCtaLaunches)), 128);
   }
   size_t bytes() const { return static_cast<size_t>(carried_bytes() + kernels::cuda::CarriedPlanArea{E, T}.bytes()); }
 };

@@ -113,7 +113,7 @@ absl::Status GpuBuffer::InitLocal() {
   region_ = static_cast<uint8_t*>(p);
   // Zeroed signal words read "never signalled" (signal.h), so the region needs no per-call cleaning.
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(region_, 0, static_cast<size_t>(layout_.total_bytes)));
-  const gpu_buffer_internal::Workspace ws{R, shape.num_experts, shape.max_tokens_per_rank};
+  const auto ws = gpu_buffer_internal::Workspace::Of(shape, num_ctas_);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, ws.bytes()));
   d_workspace_ = static_cast<uint64_t*>(p);
   LLEP_CUDA_RETURN_IF_ERROR(cudaMemset(d_workspace_, 0, ws.bytes()));
@@ -300,12 +300,14 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.proxy_region = d_proxy_region_;
   ctx_.fifos = d_fifos_;
   ctx_.done = d_workspace_;
-  const gpu_buffer_internal::Workspace ws{R, layout_.shape.num_experts, layout_.shape.max_tokens_per_rank};
+  const auto ws = gpu_buffer_internal::Workspace::Of(layout_.shape, num_ctas_);
   ctx_.proxy_signals = d_workspace_ + ws.mirrors();
   ctx_.proxy_blocks = d_workspace_ + ws.blocks();
   ctx_.flags = reinterpret_cast<uint32_t*>(d_workspace_ + ws.flags());
   ctx_.calls =
       reinterpret_cast<kernels::cuda::LlCallState*>(reinterpret_cast<uint8_t*>(d_workspace_) + ws.call_state_bytes());
+  ctx_.launches =
+      reinterpret_cast<kernels::cuda::LlCtaLaunches*>(reinterpret_cast<uint8_t*>(d_workspace_) + ws.launches_bytes());
   ctx_.carried = reinterpret_cast<uint8_t*>(d_workspace_) + ws.carried_bytes();
   ctx_.errors = d_errors_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
@@ -313,7 +315,7 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.metrics = d_metrics_;
   ctx_.stamps = d_stamps_;
   ctx_.metrics_layout = metrics_layout_;
-  ctx_.grid = protocol::FastDivisor64::Make(static_cast<uint32_t>(num_ctas_));
+  ctx_.grid = protocol::FastDivisor::Make(static_cast<uint32_t>(num_ctas_));
   ctx_.send_items = protocol::FastDivisor::Make(
       static_cast<uint32_t>(kernels::cuda::DispatchSendItemsPerToken(layout_.shape.hidden)));
   if (d_shrink_ != nullptr) {

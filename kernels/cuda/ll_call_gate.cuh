@@ -2,11 +2,11 @@
 // Part of the one translation unit kernels/cuda/ll_kernels.cu (included by the phase parts; each part reopens the same
 // private namespace): split by concern so a reader can hold each part; the generated code is that of one file.
 //
-// Why a gate: which call a launch runs (its sequence number, so its half) is decided on the device by one atomic and
-// two record loads per CTA, a global round trip (~1.5 us per launch on H100, bench/RESULTS.md). Much of a phase
-// does not depend on it: reading topk_idx and the handle, planning tokens and blocks, loading payloads. So one thread
-// of the last warp reads the call state as the CTA starts (CallGate's constructor) while the other warps run that
-// work; the phase opens the gate (CallGate::Open, CTA-wide) before anything that needs the call or that writes
+// Why a gate: which call a launch runs (its sequence number, so its half) is decided on the device by the CTA's launch
+// count and two record loads per CTA, a global round trip (~1.5 us per launch on H100, bench/RESULTS.md). Much of a
+// phase does not depend on it: reading topk_idx and the handle, planning tokens and blocks, loading payloads. So one
+// thread of the last warp reads the call state as the CTA starts (CallGate's constructor) while the other warps run
+// that work; the phase opens the gate (CallGate::Open, CTA-wide) before anything that needs the call or that writes
 // outside the CTA: a refused send still writes nothing, and an error found before the gate is opened is recorded
 // with the call's number once it is known (PendingError). (Measured against thread 0 holding the reads in flight in
 // registers, which spilled, and against cp.async copies into shared memory, which the CTA barrier after them waited
@@ -72,10 +72,12 @@ __device__ __forceinline__ bool AtOrAfter(uint32_t a, uint32_t b) { return a == 
 /// *n_out is the launch's index n.
 __device__ uint32_t TakeSendCall(const LlDeviceContext& c, LlOp op, unsigned long long* n_out) {
   LlCallState* s = c.calls;
-  // Both records and the abort flag load while the atomic is in flight: one round trip.
+  LlCtaLaunches* mine = c.launches + blockIdx.x;
+  // Both records, the abort flag and the CTA's launch count load together: one round trip.
   const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
   const bool aborted = Aborted(c);
-  const unsigned long long n = c.grid.Div(atomicAdd(&s->send_ctas, 1ull));
+  const unsigned long long n = gpu::LoadCg(&mine->sends);
+  mine->sends = n + 1;  // read by this CTA of the next launch (stream order)
   *n_out = n;
   const uint32_t seq = protocol::DeviceCallSeq(n);
   const int h = protocol::HalfOfSeq(seq);
@@ -115,11 +117,14 @@ __device__ void TrackSend(const LlDeviceContext& c, LlOp op, int phase, uint32_t
 /// answer.
 __device__ uint32_t TakeReceiveCall(const LlDeviceContext& c, LlOp op, uint32_t tag) {
   LlCallState* s = c.calls;
+  LlCtaLaunches* mine = c.launches + blockIdx.x;
   const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
   const bool aborted = Aborted(c);
-  const unsigned long long next_send = c.grid.Div(gpu::LoadCg(&s->send_ctas));  // no send runs during this launch
+  const unsigned long long next_send = gpu::LoadCg(&mine->sends);  // no send runs during this launch
+  const unsigned long long recvs = gpu::LoadCg(&mine->recvs);
+  mine->recvs = recvs + 1;
   // The receive launch's index, never kReceivedInLaunch.
-  const uint32_t launch = static_cast<uint32_t>(c.grid.Div(atomicAdd(&s->recv_ctas, 1ull)) % kReceivedInLaunch);
+  const uint32_t launch = static_cast<uint32_t>(recvs % kReceivedInLaunch);
   const RecordView r = PickRecord((next_send & 1) != 0, r0, r1);
   int half = -1;
   uint32_t seq = 0;

@@ -146,7 +146,7 @@ namespace {
 template <typename Params>
 cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase, const LaunchConfig& cfg,
                      int64_t shared_bytes, cudaStream_t stream) {
-  if (p.ctx.grid.divisor != static_cast<uint64_t>(cfg.num_ctas)) return cudaErrorInvalidValue;  // another grid's ctx
+  if (p.ctx.grid.divisor != static_cast<uint32_t>(cfg.num_ctas)) return cudaErrorInvalidValue;  // another grid's ctx
 #if defined(LLEP_GPU_HIP)
   // HIP 5.2 has no launch-attribute API: the cooperative launch is its own call.
   int phase_arg = static_cast<int>(phase);

@@ -97,13 +97,15 @@ inline constexpr int kStampSlots = 4;
 /// stays consistent however many low-latency calls a graph holds and however graphs sharing one buffer interleave
 /// (DeepEP keeps this parity on the host, so a graph with an odd number of calls corrupts its replays: DeepEP#93).
 /// Only stream-ordered launches of one buffer touch it, all with gridDim.x CTAs.
-///  - Sequence: every CTA of a launch with a send phase adds 1 to send_ctas as it starts, so old / gridDim.x is the
-///    launch's index n on this buffer and protocol::DeviceCallSeq(n) its sequence number (one atomic per CTA, read
-///    while the phase's first work runs: kernels/cuda/ll_call_gate.cuh).
+///  - Sequence: CTA b of a launch with a send phase counts it in its own LlCtaLaunches (LlDeviceContext::launches[b]),
+///    so the count it finds is the launch's index n on this buffer and protocol::DeviceCallSeq(n) its sequence number.
+///    Every launch runs all gridDim.x CTAs (the launchers refuse another grid) in stream order, so every CTA finds the
+///    same n: one load and one store per CTA, read while the phase's first work runs (kernels/cuda/ll_call_gate.cuh).
+///    (One counter all CTAs added to took an atomic on one address per CTA and a division by the grid.)
 ///  - Pairing a receive launch with its send: the host gives every send a tag that is unique among the sends it
 ///    issued (DispatchParams::call_tag) and bakes the same tag into the receive launch (the hook), in a graph or
 ///    not. A receive launch looks its tag up among the operations sent and not yet received (the older one if a
-///    graph holding the send was replayed twice) and marks it received by its own index (from recv_ctas). A mark
+///    graph holding the send was replayed twice) and marks it received by its own index (LlCtaLaunches::recvs). A mark
 ///    made by its own launch does not hide the operation from a CTA, so all CTAs agree whatever order they run in.
 ///    A tag, unlike a slot number, cannot pair a receive with another graph's operation.
 ///  - The host's in-flight rules (runtime/call_sequence.h), applied again here because the host cannot see replays:
@@ -126,10 +128,12 @@ struct LlCallRecord {
 };
 static_assert(sizeof(LlCallRecord) == 64, "a send's first thread loads both records as eight 16-byte words");
 struct alignas(128) LlCallState {
-  unsigned long long send_ctas;  ///< CTAs that started a send phase
-  unsigned long long recv_ctas;  ///< CTAs that started a receive-only launch
-  unsigned long long reserved[14];
   LlCallRecord record[2];  ///< the call record before send n is record[n % 2]
+};
+/// One CTA's count of the launches on the buffer (LlCallState: each CTA counts for itself, one per launch).
+struct LlCtaLaunches {
+  unsigned long long sends;  ///< launches with a send phase this CTA started
+  unsigned long long recvs;  ///< receive-only launches this CTA started
 };
 /// Marks an operation that was received by its own (kPhaseBoth) launch.
 inline constexpr uint32_t kReceivedInLaunch = 0xFFFFFFFFu;
@@ -180,8 +184,9 @@ struct LlDeviceContext {
   /// device [2 halves][E]: rows staged per combine block (local expert, proxy destination); the warp that stages a
   /// block's last row sends the whole block as one write and resets the counter
   uint64_t* proxy_blocks = nullptr;
-  uint32_t* flags = nullptr;     ///< device [2]: [0] recoverable record claimed, [1] abort (fatal record claimed)
-  LlCallState* calls = nullptr;  ///< device: graph-safe sequence numbers and the in-flight rule
+  uint32_t* flags = nullptr;          ///< device [2]: [0] recoverable record claimed, [1] abort (fatal record claimed)
+  LlCallState* calls = nullptr;       ///< device: the in-flight rule's call records
+  LlCtaLaunches* launches = nullptr;  ///< device [num_ctas]: launch counts per CTA (graph-safe sequence numbers)
   protocol::DeviceErrorRecords* errors = nullptr;  ///< device pointer to the mapped host error records
   uint64_t timeout_ns = 0;                         ///< receive wait limit per signal
   uint64_t* trace = nullptr;    ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
@@ -197,9 +202,9 @@ struct LlDeviceContext {
   uint8_t* carried = nullptr;  ///< device CarriedPlanArea{E, T}: the dispatches' token plans kept for their combines
   /// Divisors fixed per buffer, so kernels divide by multiplying (fast_div.h) instead of running runtime integer
   /// divisions from a cold instruction cache: the launches' grid (num_ctas; LaunchDispatch / LaunchCombine refuse
-  /// another), for a launch's index from the CTA counters (ll_call_gate.cuh) and a CTA's share of the tokens; and
+  /// another: `launches` has one entry per CTA), for a CTA's share of the tokens; and
   /// DispatchSendItemsPerToken(hidden), for a dispatch send's work item -> (token, chunk).
-  protocol::FastDivisor64 grid;
+  protocol::FastDivisor grid;
   protocol::FastDivisor send_items;
 };
 

@@ -39,33 +39,4 @@ struct FastDivisor {
   LLEP_HD int Mod(int n) const { return n - Div(n) * static_cast<int>(divisor); }
 };
 
-/// n / divisor for 0 <= n < 2^63 and 1 <= divisor < 2^32: the same method at 64 bits, m = floor(2^64 * (2^s -
-/// divisor) / divisor) + 1, made without 128-bit arithmetic (2^s - divisor < divisor < 2^32, so two 64-bit long
-/// division steps give it). For the kernels' CTA counters (kernels/cuda/ll_call_gate.cuh: a launch's index is a 64-bit
-/// count of CTAs over the grid), where `/` compiles to a 64-bit division with a 32-bit fast path, run cold by the
-/// thread every CTA's first barrier waits for. Checked against `/` in ll_layout_test (FastDivisor64*).
-struct FastDivisor64 {
-  uint64_t divisor = 1;
-  uint64_t multiplier = 1;
-  uint32_t shift = 0;
-
-  LLEP_HD static constexpr FastDivisor64 Make(uint32_t d) {
-    FastDivisor64 f;
-    f.divisor = d;
-    while ((uint64_t{1} << f.shift) < d) ++f.shift;
-    const uint64_t a = (uint64_t{1} << f.shift) - d;  // < d: 2^64 * a / d in two 32-bit digits
-    const uint64_t hi = (a << 32) / d, lo = (((a << 32) % d) << 32) / d;
-    f.multiplier = (hi << 32 | lo) + 1;
-    return f;
-  }
-  LLEP_HD uint64_t MulHi(uint64_t n) const {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-    return __umul64hi(n, multiplier);
-#else
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(n) * multiplier) >> 64);
-#endif
-  }
-  LLEP_HD uint64_t Div(uint64_t n) const { return (MulHi(n) + n) >> shift; }
-};
-
 }  // namespace llep::protocol

@@ -174,24 +174,6 @@ TEST(FastDivisor, EqualsIntegerDivisionForEveryInt32Index) {
   }
 }
 
-// The 64-bit form (the kernels' CTA counters over the grid): every grid size a GPU has (up to 4096 CTAs) and a few
-// large divisors, against counters near 0, around multiples of the divisor, random, and near the 2^63 bound.
-TEST(FastDivisor64, EqualsIntegerDivisionBelowTwoToThe63) {
-  std::mt19937_64 rng(13);
-  std::uniform_int_distribution<uint64_t> any(0, (uint64_t{1} << 63) - 1), small(0, uint64_t{1} << 40);
-  const uint64_t top = (uint64_t{1} << 63) - 1;
-  std::vector<uint32_t> divisors;
-  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
-  for (uint32_t d : {65537u, 1000003u, (1u << 31) - 1, 1u << 31, (1u << 31) + 1, 0xFFFFFFFFu}) divisors.push_back(d);
-  for (const uint32_t d : divisors) {
-    const FastDivisor64 f = FastDivisor64::Make(d);
-    std::vector<uint64_t> n = {0, 1, d - uint64_t{1}, d, d + uint64_t{1}, top, top - 1, top - d};
-    for (int k = 0; k < 32; ++k) n.insert(n.end(), {any(rng), small(rng)});
-    for (uint64_t q = 1; q < top / d; q = q * 5 + 1) n.insert(n.end(), {q * d - 1, q * d, q * d + 1});
-    for (const uint64_t x : n) ASSERT_EQ(f.Div(x), x / d) << x << " / " << d;
-  }
-}
-
 TEST(FastDivisor, LayoutCarriesTheShapesDivisors) {
   const LlLayout l = ComputeLlLayout(LlShape{128, 7168, 288, 2});
   EXPECT_EQ(l.local_experts.divisor, 144u);
