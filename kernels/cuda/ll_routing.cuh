@@ -171,7 +171,11 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
     if (base > 0) load_row(tp, q);
     for (int w = 0; w < n; ++w) {
       const bool earlier = tp < first_t + w * stride;
-#pragma unroll
+      // Not unrolled (as CountCombineRows): every CTA runs this once per launch from a cold instruction cache, and
+      // unrolled over the slots it was ~2,100 more instructions; the send's median CTA had its plan at 8.0 us of a
+      // 13.8 us launch at T=128, 4.9 with the loop (recv_trace, bench/RESULTS.md session 23). A per-expert histogram
+      // in shared memory instead of the compares was slower at T=1 and gained less.
+#pragma unroll 1
       for (int k = 0; k < kMaxK; ++k) {
         const uint32_t key = sc->key[w][k];
         // Branch-free compares (as PlanCombineRound's): the key's rank holds the keys [lo, lo + span); kNoKey
