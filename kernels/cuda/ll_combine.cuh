@@ -320,7 +320,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       Trace(c, LlOp::kCombine, kTraceRecvPlanned);
       if ((seq = gate.Open()) == 0) return;
       // Each expert rank must return exactly the rows this rank routed to it.
-      WaitAllSources(c, LlOp::kCombine, protocol::HalfOfSeq(seq), seq, L.combine_rows_per_src, p.wait_recv_cost_stats,
+      ReceiveSignals(c, LlOp::kCombine, protocol::HalfOfSeq(seq), seq, L.combine_rows_per_src, p.wait_recv_cost_stats,
                      got, failed, peeked);
       __syncthreads();
       Trace(c, LlOp::kCombine, kTraceSignals);

@@ -153,7 +153,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // handle's CTA builds the table as before: it writes recv_count and layout_range and checks every count of the call.
   const bool direct = peeked && early && c.mask == nullptr && !writes_handle && AllSignalsPeeked(c, half, seq, T);
   if (!direct) {
-    WaitAllSources(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
+    ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceSignals);
     if (*failed) return;
