@@ -377,9 +377,10 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
 
 /// The receive phases' signals (CTA-wide: every thread calls it): WaitAllSources, or, when the peek found every
 /// source's signal of call `seq` within max_value and no rank is masked (a hook's receive, usually), the peeked values
-/// without entering it (nothing was waited for: no wait statistics to add). WaitAllSources is a call into code that
-/// runs cold: in the combine receive thread 0 spent 1.2 us in it at T=1 and 2.4 us at T=128 with every signal peeked
-/// (recv_trace, bench/RESULTS.md session 23). The metrics binning runs either way.
+/// without entering it (nothing was waited for: no wait statistics to add). WaitAllSources's path for a peeked signal
+/// jumps over its masking, proxy and polling code, each jump to cold instructions: in the combine receive thread 0
+/// spent 1.2 us in it at T=1 and 2.4 us at T=128 with every signal peeked (recv_trace, bench/RESULTS.md session 23).
+/// The metrics binning runs either way.
 __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op, int half, uint32_t seq,
                                                int64_t max_value, int64_t* wait_stats, int* values, int* failed,
                                                bool peeked) {

@@ -173,8 +173,8 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
       const bool earlier = tp < first_t + w * stride;
       // Not unrolled (as CountCombineRows): every CTA runs this once per launch from a cold instruction cache, and
       // unrolled over the slots it was ~2,100 more instructions; the send's median CTA had its plan at 8.0 us of a
-      // 13.8 us launch at T=128, 4.9 with the loop (recv_trace, bench/RESULTS.md session 23). A per-expert histogram
-      // in shared memory instead of the compares was slower at T=1 and gained less.
+      // 14.1 us launch at T=128, 4.9 of 10.3 with the loop (recv_trace, bench/RESULTS.md session 23). A per-expert
+      // histogram in shared memory instead of the compares was slower at T=1 and gained less.
 #pragma unroll 1
       for (int k = 0; k < kMaxK; ++k) {
         const uint32_t key = sc->key[w][k];
