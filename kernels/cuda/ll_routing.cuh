@@ -178,7 +178,7 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
 #pragma unroll 1
       for (int k = 0; k < kMaxK; ++k) {
         const uint32_t key = sc->key[w][k];
-        // Branch-free compares (as PlanCombineRound's): the key's rank holds the keys [lo, lo + span); kNoKey
+        // Branch-free compares (as CountCombineRows'): the key's rank holds the keys [lo, lo + span); kNoKey
         // (rank field 0xFFFF, local field 0xFFFF, which no real key of rank 0xFFFF reaches) falls outside. A kNoKey
         // slot counts nothing.
         const uint32_t lo = key & 0xFFFF0000u, span = lo == 0xFFFF0000u ? 0xFFFFu : 0x10000u;
