@@ -70,9 +70,10 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
     // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
     uint8_t* dst = peer != nullptr ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
     for (int64_t base = 0; base < row_bytes; base += kCopyPassBytes) {
+      const int pass = static_cast<int>(min(row_bytes - base, kCopyPassBytes));
       uint4 v[kCopyRegs];
-      LoadCopyPass(src, row_bytes, base, v);
-      StoreCopyPass(dst, row_bytes, base, v);
+      LoadCopyPass(src + base, pass, v);
+      StoreCopyPass(dst + base, pass, v);
     }
     gpu::WarpSync();
     if (lane == 0) {

@@ -50,26 +50,28 @@ __device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePo
 }
 
 // A warp copy pass: kRegs 16-byte registers per lane (kCopyRegs unless a phase needs its registers for more), all
-// loads of a pass in flight together.
+// loads of a pass in flight together. Word i of lane l is at i * 512 + 16 l, copied while within the pass's `bytes`
+// (< 2^31): one 32-bit compare with a constant per word (64-bit bounds and zero-filled registers took 46 instructions
+// for 8 words, code a small-T receive runs once from a cold instruction cache).
 constexpr int64_t kCopyPassBytes = kCopyRegs * 512;
 
 template <int kRegs>
-__device__ __forceinline__ void LoadCopyPass(const uint8_t* src, int64_t bytes, int64_t base, uint4 (&v)[kRegs]) {
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ void LoadCopyPass(const uint8_t* src, int bytes, uint4 (&v)[kRegs]) {
+  const int lane = threadIdx.x % 32, limit = bytes - lane * 16;
+  src += lane * 16;
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) {
-    const int64_t off = base + i * 512 + lane * 16;
-    v[i] = off < bytes ? Ld16(src + off) : make_uint4(0, 0, 0, 0);
+    if (i * 512 < limit) v[i] = Ld16(src + i * 512);
   }
 }
 
 template <int kRegs>
-__device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int64_t bytes, int64_t base, const uint4 (&v)[kRegs]) {
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ void StoreCopyPass(uint8_t* dst, int bytes, const uint4 (&v)[kRegs]) {
+  const int lane = threadIdx.x % 32, limit = bytes - lane * 16;
+  dst += lane * 16;
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) {
-    const int64_t off = base + i * 512 + lane * 16;
-    if (off < bytes) St16(dst + off, v[i]);
+    if (i * 512 < limit) St16(dst + i * 512, v[i]);
   }
 }
 

@@ -240,7 +240,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     // The header, the segment's bytes and its scales: independent loads, issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
     uint4 v[kRecvCopyRegs];
-    LoadCopyPass(payload + lo, seg_bytes, 0, v);
+    LoadCopyPass(payload + lo, static_cast<int>(seg_bytes), v);
     const ScaleWord sw = fp8 ? LoadScaleWord(reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H)),
                                              scales_per_row, q0, nq, ue8m0)
                              : ScaleWord{};
@@ -287,7 +287,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     for (unsigned t = targets; t != 0; t &= t - 1) {
       const int i_sel = __ffs(t) - 1;
       const int64_t row = gpu::WarpShfl(my_row, i_sel);
-      StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, 0, v);
+      StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, static_cast<int>(seg_bytes), v);
       const int le = gpu::WarpShfl(my_le, i_sel), rr = gpu::WarpShfl(my_rr, i_sel);
       if (sw.w >= 0) static_cast<uint32_t*>(p.recv_scales)[(int64_t{le} * scales_per_row + sw.w) * rows + rr] = sw.bits;
     }
