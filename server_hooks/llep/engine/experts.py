@@ -32,11 +32,26 @@ def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         act = (torch.nn.functional.silu(g.float()) * u.float()).to(torch.bfloat16)
         return grouped_gemm.masked_grouped_mm(act, down, counts)
     if exact(x.device):
-        h = torch.matmul(x.double(), gate_up.double())
-        g, u = h.chunk(2, dim=-1)
-        return torch.matmul(torch.nn.functional.silu(g) * u, down.double()).to(torch.bfloat16)
+        if x.dim() < 3 or gate_up.dim() < 3:
+            return _exact_mlp(x, gate_up, down)
+        # A few groups at a time: each group's rows meet only its own weights, so the result is the same, and the
+        # fp64 copies of the weights stay bounded (a whole DeepSeek-V3 rank, 128 experts, is ~45 GB in fp64).
+        group_bytes = 8 * (gate_up.shape[1:].numel() + down.shape[1:].numel())
+        step = max(1, _EXACT_WEIGHT_BYTES // group_bytes)
+        if x.shape[0] <= step:
+            return _exact_mlp(x, gate_up, down)
+        return torch.cat([_exact_mlp(x[i:i + step], gate_up[i:i + step], down[i:i + step])
+                          for i in range(0, x.shape[0], step)])
     g, u = torch.matmul(x, gate_up).chunk(2, dim=-1)
     return torch.matmul((torch.nn.functional.silu(g.float()) * u.float()).to(torch.bfloat16), down)
+
+
+_EXACT_WEIGHT_BYTES = 1 << 30  # fp64 weight bytes converted at once by the exact path
+
+
+def _exact_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    g, u = torch.matmul(x.double(), gate_up.double()).chunk(2, dim=-1)
+    return torch.matmul(torch.nn.functional.silu(g) * u, down.double()).to(torch.bfloat16)
 
 
 def stack_mlps(weights: Dict[str, torch.Tensor], prefixes: List[str]) -> Tuple[torch.Tensor, torch.Tensor]:
