@@ -19,6 +19,8 @@ request's greedy tokens must equal those of the single-process dense reference o
 - The all-to-all baseline (--system nccl: torch.distributed all_to_all_single, gloo on CPU ranks) gives the same
   tokens too (FP8 rounding, padded, two-batch overlap, 4 ranks).
 - The check itself can fail: the reference of other weights (another seed) must differ from a run's tokens.
+- The exact (fp64) expert path, which converts a bounded number of weight bytes at a time, gives the result of one
+  batched product when it splits the groups, also for zero groups (an idle micro-batch).
 Each case: 8 requests per rank, 32 new tokens each (prompts of 1..8 tokens, prefilled token by token), batch 4."""
 import json
 import os
@@ -152,3 +154,29 @@ def test_two_batch_schedule_matches_sglang_decode():
     log.clear()
     one = model.forward(tokens, pos, slots)
     assert torch.equal(one, two)
+
+
+def test_exact_expert_path_splits_groups_without_changing_results(monkeypatch):
+    import torch
+    from llep.engine import experts
+    monkeypatch.setattr(experts, '_EXACT', True)
+    exact_mlp, calls = experts._exact_mlp, []
+
+    def counted(x, gate_up, down):
+        calls.append(x.shape[0])
+        return exact_mlp(x, gate_up, down)
+
+    monkeypatch.setattr(experts, '_exact_mlp', counted)
+    g = torch.Generator().manual_seed(3)
+    for groups, want_calls in ((0, [0]), (1, [1]), (5, [2, 2, 1])):
+        x = torch.randn((groups, 3, 16), generator=g).to(torch.bfloat16)
+        gate_up = torch.randn((groups, 16, 8), generator=g).to(torch.bfloat16)
+        down = torch.randn((groups, 4, 16), generator=g).to(torch.bfloat16)
+        whole = exact_mlp(x, gate_up, down)  # one batched product
+        # Two groups' fp64 weights per product: 5 groups run as 2 + 2 + 1.
+        monkeypatch.setattr(experts, '_EXACT_WEIGHT_BYTES', 2 * 8 * (16 * 8 + 4 * 16))
+        calls.clear()
+        split = experts.expert_mlp(x, gate_up, down)
+        assert calls == want_calls
+        assert split.shape == (groups, 3, 16) and split.dtype == torch.bfloat16
+        assert torch.equal(split, whole)
