@@ -51,8 +51,8 @@ __device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePo
 
 // A warp copy pass: kRegs 16-byte registers per lane (kCopyRegs unless a phase needs its registers for more), all
 // loads of a pass in flight together. Word i of lane l is at i * 512 + 16 l, copied while within the pass's `bytes`
-// (< 2^31): one 32-bit compare with a constant per word (64-bit bounds and zero-filled registers took 46 instructions
-// for 8 words, code a small-T receive runs once from a cold instruction cache).
+// (< 2^31): one 32-bit compare per word, no 64-bit offsets, and a register past the end is neither loaded nor stored
+// (not zero-filled). Neutral in time against the 64-bit form (bench/RESULTS.md session 24).
 constexpr int64_t kCopyPassBytes = kCopyRegs * 512;
 
 template <int kRegs>
