@@ -32,13 +32,10 @@ def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         act = (torch.nn.functional.silu(g.float()) * u.float()).to(torch.bfloat16)
         return grouped_gemm.masked_grouped_mm(act, down, counts)
     if exact(x.device):
-        if x.dim() < 3 or gate_up.dim() < 3:
-            return _exact_mlp(x, gate_up, down)
         # A few groups at a time: each group's rows meet only its own weights, so the result is the same, and the
         # fp64 copies of the weights stay bounded (a whole DeepSeek-V3 rank, 128 experts, is ~45 GB in fp64).
-        group_bytes = 8 * (gate_up.shape[1:].numel() + down.shape[1:].numel())
-        step = max(1, _EXACT_WEIGHT_BYTES // group_bytes)
-        if x.shape[0] <= step:
+        step = max(1, _EXACT_WEIGHT_BYTES // (8 * (gate_up.shape[-2:].numel() + down.shape[-2:].numel())))
+        if x.dim() < 3 or gate_up.dim() < 3 or x.shape[0] <= step:  # not batched per group, or one product
             return _exact_mlp(x, gate_up, down)
         return torch.cat([_exact_mlp(x[i:i + step], gate_up[i:i + step], down[i:i + step])
                           for i in range(0, x.shape[0], step)])
