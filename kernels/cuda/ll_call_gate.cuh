@@ -182,8 +182,8 @@ class CallGate {
     if (seq_ != kSeqPending) return seq_;
     __syncthreads();
     seq_ = g_gate.seq;
-    // The gate thread, not thread 0: the receive start stamp loads its slot (a dependent global round trip, 0.35 us
-    // of CTA 0's receive at T=1), and warp 0 holds the CTA's first token or message while the gate's warp has none.
+    // The gate thread, not thread 0: warp 0 holds the CTA's first token or message while the gate's warp has none
+    // (the stamps are stores; a pending error is recorded with atomics).
     if (threadIdx.x == kGateThread && seq_ != 0) {
       // Every thread's pending error was stored before the barrier.
       if (g_pending_error.code != 0) {

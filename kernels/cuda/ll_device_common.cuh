@@ -186,12 +186,13 @@ __device__ __forceinline__ void StampMax(uint64_t* p) {
 }
 
 /// Bins the latencies of every operation whose receive phase a launch before this one started (so it finished:
-/// stream order), except call `except` (the caller's own). One thread. Stamps that do not make sense (an operation
-/// cut short by an error) are dropped rather than binned.
+/// stream order), except call `except` (the caller's own). One thread. A slot qualifies when its owner's send and
+/// receive both stamped it (recv_seq == seq) and it is not binned yet. Stamps that do not make sense (an operation cut
+/// short by an error) are dropped rather than binned.
 __device__ void BinFinishedOps(const LlDeviceContext& c, uint32_t except) {
   for (int i = 0; i < kStampSlots; ++i) {
     OpStamps& st = c.stamps[i];
-    if (st.state != kStampReceiving || st.seq == except) continue;
+    if (st.state != kStampSent || st.recv_seq != st.seq || st.seq == except) continue;
     const uint64_t s0 = st.send_start, s1 = st.send_end, r0 = st.recv_start, w1 = st.wait_end, r1 = st.recv_end;
     st.state = kStampBinned;
     if (s1 < s0 || w1 < r0 || r1 < w1 || r1 < s0) continue;
@@ -223,15 +224,29 @@ __device__ __forceinline__ void StampSendStart(const LlDeviceContext& c, LlOp op
   st.state = kStampSent;
 }
 
-/// Receive phase entered at `now` (one thread of CTA 0, once the call is known). A slot that does not hold this call's
-/// send stamps (only possible if more calls were in flight than the ring covers, which the host refuses) is left
-/// alone: no latency is invented.
+/// Receive phase entered at `now` (one thread of CTA 0, once the call is known): two stores, no load. Checking the
+/// slot's owner first was a dependent global round trip in the thread CTA 0's next barrier waits for (the combine
+/// receive's token CTA: bench/RESULTS.md session 25); the binning checks instead. A slot that does not hold this call's
+/// send stamps (only possible if more calls were in flight than the ring covers, which the host refuses) gets a
+/// recv_seq that is not its owner's, so it is never binned: no latency is invented.
 __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_t seq, uint64_t now) {
   if (c.metrics == nullptr || blockIdx.x != 0) return;
   OpStamps& st = StampSlot(c, seq);
-  if (st.seq != seq || st.state != kStampSent) return;
   st.recv_start = now;
-  st.state = kStampReceiving;
+  st.recv_seq = seq;
+}
+
+/// Whether this CTA (BinningCta) / thread (BinsMetrics) bins finished operations' latencies in a receive phase
+/// (BinFinishedOps, once per launch, metrics on): the last thread (the gate's warp, which holds no early work) of CTA
+/// G-2. Not CTA 0, where receive work starts (tokens b, b + G, ...: CTA 0 binning cost 1.1 us of combine receive at
+/// T=1 on 4xH200), nor CTA G-1, which has its own serial work after the signals (the dispatch's handle and table, the
+/// combine's count check) and ended small-T receives with the binning before its barrier (bench/RESULTS.md sessions
+/// 22-25). With T < G CTA G-2 has no tokens.
+__device__ __forceinline__ bool BinningCta(const LlDeviceContext& c) {
+  return c.metrics != nullptr && blockIdx.x == (gridDim.x >= 2 ? gridDim.x - 2 : 0);
+}
+__device__ __forceinline__ bool BinsMetrics(const LlDeviceContext& c) {
+  return threadIdx.x == kThreads - 1 && BinningCta(c);
 }
 
 /// Waits for `p` to carry call `seq`; returns its value, or -1 after recording a timeout / overrun (or when
@@ -330,10 +345,9 @@ __device__ __forceinline__ bool AllSignalsPeeked(const LlDeviceContext& c, int h
 /// for both. The caller synchronises the CTA before reading values.
 __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
                                int64_t* wait_stats, int* values, int* failed, bool peeked) {
-  // Metrics: the last CTA's last thread bins earlier operations' latencies meanwhile, and CTA 0 accounts the waits.
-  // The last CTA, because receive work starts at CTA 0 (tokens b, b + G, ...): with T < G it has none, so the
-  // binning's dependent loads delay nobody (CTA 0 doing it cost 1.1 us of combine receive at T=1 on 4xH200).
-  if (c.metrics != nullptr && blockIdx.x == gridDim.x - 1 && threadIdx.x == kThreads - 1) BinFinishedOps(c, seq);
+  // Metrics: the binning CTA's thread bins earlier operations' latencies meanwhile (BinsMetrics), and CTA 0 accounts
+  // the waits.
+  if (BinsMetrics(c)) BinFinishedOps(c, seq);
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     int64_t v;
@@ -390,7 +404,7 @@ __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op
     for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
       values[src] = static_cast<int>(protocol::SignalValue(g_peeked_signals[half][src]));
     }
-    if (c.metrics != nullptr && blockIdx.x == gridDim.x - 1 && threadIdx.x == kThreads - 1) BinFinishedOps(c, seq);
+    if (BinsMetrics(c)) BinFinishedOps(c, seq);
     return;
   }
   WaitAllSources(c, op, half, seq, max_value, wait_stats, values, failed, peeked);

@@ -151,7 +151,9 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // the counts it needs itself (route_count below). The wait, the table and their barriers took CTAs from the gate's
   // opening to their first message in 1.9 us of a 7 us receive at T=1 (recv_trace, bench/RESULTS.md session 21). The
   // handle's CTA builds the table as before: it writes recv_count and layout_range and checks every count of the call.
-  const bool direct = peeked && early && c.mask == nullptr && !writes_handle && AllSignalsPeeked(c, half, seq, T);
+  // The metrics' binning CTA takes the signal path too: ReceiveSignals bins.
+  const bool direct = peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c) &&
+                      AllSignalsPeeked(c, half, seq, T);
   if (!direct) {
     ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
     __syncthreads();

@@ -73,23 +73,24 @@ enum TracePoint : int {
 /// replays keep counting with no host work. An operation's latencies come from %globaltimer stamps in a ring of
 /// kStampSlots entries indexed by seq % kStampSlots: CTA 0 stores the phase starts and the end of its wait; the
 /// publishing CTAs and every CTA at the end of its receive work store their time with a max-reduction (no reset is
-/// needed between uses of a slot: a later operation's times are larger). The latencies are binned by the receive
-/// phase of a later operation (the last CTA's last thread, while the others wait for signals), when every launch before
-/// it has finished, or by FlushLlMetrics. The ring of 4 is enough: a send on slot s % 4 needs call s - 2 received (the
-/// in-flight rule), whose receive launch came after call s - 4's and bins it.
+/// needed between uses of a slot: a later operation's times are larger). Every stamp is a store or a fire-and-forget
+/// reduction: none loads first, so none delays its CTA. The latencies are binned by the receive phase of a later
+/// operation (one thread of the binning CTA, BinsMetrics), when every launch before it has finished, or by
+/// FlushLlMetrics. The ring of 4 is enough: a send on slot s % 4 needs call s - 2 received (the in-flight rule), whose
+/// receive launch came after call s - 4's and bins it.
 struct OpStamps {
   uint64_t send_start;  ///< send phase entered (CTA 0)
   uint64_t send_end;    ///< max over the rank's signal publishes
   uint64_t recv_start;  ///< receive phase entered (CTA 0)
   uint64_t wait_end;    ///< every source's signal seen (CTA 0)
   uint64_t recv_end;    ///< max over CTAs of the receive work's end
-  uint32_t seq;         ///< the call that owns the slot
+  uint32_t seq;         ///< the call that owns the slot (its send stamped it)
   uint32_t state;       ///< OpStampState
   uint32_t op;          ///< protocol::LlOp
-  uint32_t reserved;
+  uint32_t recv_seq;    ///< the call whose receive stamped recv_start: seq once the owner's receive started
 };
 static_assert(sizeof(OpStamps) == 56, "host zero-fills kStampSlots of these");
-enum OpStampState : uint32_t { kStampEmpty = 0, kStampSent = 1, kStampReceiving = 2, kStampBinned = 3 };
+enum OpStampState : uint32_t { kStampEmpty = 0, kStampSent = 1, kStampBinned = 2 };
 inline constexpr int kStampSlots = 4;
 
 /// Graph-safe call state, in device memory (zeroed once by the host). Which call sequence number, and so which half,
