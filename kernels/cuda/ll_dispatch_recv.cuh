@@ -222,15 +222,19 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // with the header's), doubled while they stay within the slices and one item per CTA. A power of two, so an item
   // splits into (message, segment) and a segment into slices by shifts: the runtime divisions did that in ~100
   // instructions, run once per item from a cold instruction cache (bench/RESULTS.md session 22).
+  // Items go to the CTAs before G-2 (all of them below 4): CTA G-1 builds the table and writes the handle and CTA G-2
+  // bins the metrics (BinningCta) before their first item could start.
+  const int G_items = G >= 4 ? G - 2 : G;
   int lg = 0;
   while ((kRecvCopyRegs << lg) < slices) ++lg;
-  while ((2 << lg) <= slices && (total << (lg + 1)) <= G) ++lg;
+  while ((2 << lg) <= slices && (total << (lg + 1)) <= G_items) ++lg;
+  const int items = total << lg;
   const bool ue8m0 = p.mode.use_ue8m0;
   // recv_scales words per (local expert, row): H/512 or H/128 (num_packed_ue8m0, num_scales), as a shift: the
   // compiler turned the two constant divisions into one runtime division by the selected divisor.
   static_assert(protocol::kChannelsPerScale == 128 && protocol::kChannelsPerPackedUe8m0 == 512);
   const int scales_per_row = static_cast<int>(static_cast<unsigned>(H) >> (ue8m0 ? 9 : 7));
-  for (int item = warp * G + blockIdx.x; item < total << lg; item += G * kWarps) {
+  for (int item = blockIdx.x < G_items ? warp * G_items + blockIdx.x : items; item < items; item += G_items * kWarps) {
     const int m = item >> lg, s = item & ((1 << lg) - 1);
     const int q0 = (s * slices) >> lg, nq = (((s + 1) * slices) >> lg) - q0;  // the segment's slices
     const int64_t lo = int64_t{q0} * 512, seg_bytes = min(bytes - lo, int64_t{nq} * 512);
