@@ -152,8 +152,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // opening to their first message in 1.9 us of a 7 us receive at T=1 (recv_trace, bench/RESULTS.md session 21). The
   // handle's CTA builds the table as before: it writes recv_count and layout_range and checks every count of the call.
   // The metrics' binning CTA takes the signal path too: ReceiveSignals bins.
-  const bool direct = peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c) &&
-                      AllSignalsPeeked(c, half, seq, T);
+  const bool direct =
+      peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c) && AllSignalsPeeked(c, half, seq, T);
   if (!direct) {
     ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
     __syncthreads();
