@@ -68,13 +68,14 @@ def _cases(quick, ranks=(4, 2)):
 
 def _covering_subset(cases):
     """--quick: the first cases that together still cover, per rank count, every dispatch mode, hooks on and off,
-    zero-copy, LogFMT, both routings and a top-k above 8 (a plain stride repeated the same mode: the modes
-    cycle with the case index)."""
+    zero-copy, LogFMT, both routings, a top-k above 8 and 128 or more tokens (where kernels deal several work items to
+    a CTA or warp: receive items past the CTAs, a combine token's chunks past the warps; a plain stride repeated the
+    same mode: the modes cycle with the case index)."""
     chosen, seen = [], set()
     for c in cases:
-        R, K, mode, routing, hook, zero_copy, logfmt = c[1], c[6], c[7], c[8], c[9], c[10], c[11]
+        R, n, K, mode, routing, hook, zero_copy, logfmt = c[1], c[2], c[6], c[7], c[8], c[9], c[10], c[11]
         feats = {(R, 'mode', mode), (R, 'hook', hook), (R, 'zero_copy', zero_copy), (R, 'logfmt', logfmt),
-                 (R, 'routing', routing), (R, 'wide_k', K > 8)}
+                 (R, 'routing', routing), (R, 'wide_k', K > 8), (R, 'many_tokens', n >= 128)}
         if feats - seen:
             chosen.append(c)
             seen |= feats
