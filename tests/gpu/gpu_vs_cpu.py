@@ -68,9 +68,9 @@ def _cases(quick, ranks=(4, 2)):
 
 def _covering_subset(cases):
     """--quick: the first cases that together still cover, per rank count, every dispatch mode, hooks on and off,
-    zero-copy, LogFMT, both routings, a top-k above 8 and 128 or more tokens (where kernels deal several work items to
-    a CTA or warp: receive items past the CTAs, a combine token's chunks past the warps; a plain stride repeated the
-    same mode: the modes cycle with the case index)."""
+    zero-copy, LogFMT, both routings, a top-k above 8 and 128 or more tokens (where the kernels deal several work
+    items to a CTA or a warp). The first such cases, not a plain stride: a stride repeated the same mode (the modes
+    cycle with the case index)."""
     chosen, seen = [], set()
     for c in cases:
         R, n, K, mode, routing, hook, zero_copy, logfmt = c[1], c[2], c[6], c[7], c[8], c[9], c[10], c[11]
