@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""A/B over interleaved rounds of bench/ll_side_by_side.py (scripts/gpu_sbs_rounds.sh): llep's columns of each variant
+against a reference variant, round by round, so the spread of this machine shows beside the change.
+
+  compare_rounds.py DIR REF VARIANT [VARIANT ...] [--columns k_disp,h_dr,...]
+
+DIR holds sbs_<variant>_<round>.json. For each VARIANT and T it prints variant / REF per round ("0.79 / 0.87 / 0.81")
+for every column, then the variant's and REF's medians over the rounds in µs. Rounds missing either file are skipped.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+DEFAULT_COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'graph16')
+
+
+def load_rounds(directory, variant):
+    """{round: {T: row}} of variant's files in directory."""
+    rounds = {}
+    for path in glob.glob(os.path.join(directory, f'sbs_{variant}_*.json')):
+        m = re.fullmatch(rf'sbs_{re.escape(variant)}_(\d+)\.json', os.path.basename(path))
+        if m:
+            with open(path) as f:
+                rounds[int(m.group(1))] = {r['T']: r for r in json.load(f)['rows']}
+    return rounds
+
+
+def table(ref_name, ref, name, var, columns):
+    rounds = sorted(set(ref) & set(var))
+    if not rounds:
+        return [f'{name} / {ref_name}: no round has both files']
+    lines = [f'{name} / {ref_name}, rounds {", ".join(map(str, rounds))} (cells: ratio per round)',
+             '| T | ' + ' | '.join(columns) + ' |', '|---' * (len(columns) + 1) + '|']
+    tokens = sorted(set.intersection(*(set(ref[r]) & set(var[r]) for r in rounds)))
+    for t in tokens:
+        cells = []
+        for c in columns:
+            key = f'llep_{c}'
+            ratios = [var[r][t][key] / ref[r][t][key] for r in rounds
+                      if ref[r][t].get(key) and var[r][t].get(key) is not None]
+            cells.append(' / '.join(f'{x:.2f}' for x in ratios) if ratios else '-')
+        lines.append(f'| {t} | ' + ' | '.join(cells) + ' |')
+    lines.append(f'medians over the rounds, µs ({name} / {ref_name}):')
+    for t in tokens:
+        cells = []
+        for c in columns:
+            key = f'llep_{c}'
+            a = [ref[r][t][key] for r in rounds if ref[r][t].get(key) is not None]
+            b = [var[r][t][key] for r in rounds if var[r][t].get(key) is not None]
+            cells.append(f'{c} {statistics.median(b):.1f}/{statistics.median(a):.1f}' if a and b else f'{c} -')
+        lines.append(f'  T={t}: ' + ', '.join(cells))
+    return lines
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('directory')
+    ap.add_argument('ref')
+    ap.add_argument('variants', nargs='+')
+    ap.add_argument('--columns', default=','.join(DEFAULT_COLUMNS))
+    args = ap.parse_args(argv)
+    columns = [c for c in args.columns.split(',') if c]
+    ref = load_rounds(args.directory, args.ref)
+    if not ref:
+        print(f'compare_rounds: no sbs_{args.ref}_<round>.json in {args.directory}', file=sys.stderr)
+        return 2
+    for name in args.variants:
+        print('\n'.join(table(args.ref, ref, name, load_rounds(args.directory, name), columns)))
+        print()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Interleaved A/B rounds on the GPU machine, the method of bench/RESULTS.md since session 24: every variant built in
+# parallel, correctness on the working tree first, then bench/ll_side_by_side.py --systems llep once per variant per
+# round (variants interleaved, so the machine's drift hits all of them), and bench/compare_rounds.py printing each
+# variant against the first, round by round. Logs and JSON go into $OUT/logs.tgz; the comparison is printed last.
+#
+#   scripts/gpu_sbs_rounds.sh [NAME=TREE[:VAR=VALUE[:VAR=VALUE...]] ...]      (default: base=.base new=new)
+#
+# TREE is "new" (the working tree) or a directory holding a copy of the sources, made on the development machine and
+# carried: `rm -rf .base && git archive REV --prefix=.base/ | tar -x`. VAR=VALUE pairs set the variant's environment,
+# e.g. off=new:LLEP_METRICS=0. Carry .debs (scripts/fetch_gpu_debs.sh) and the trees named.
+#   LLEP_ROUNDS          rounds (default 3)
+#   LLEP_SBS_ARGS        benchmark arguments (default "--ranks 2 --tokens 1 8 32 128 256 --iters 200")
+#   LLEP_SBS_TEST        gpu_vs_cpu.py arguments for the working tree first (e.g. "--quick --ranks 2"); a failure stops
+#   LLEP_GRAPH_TEST_ARGS graph_test.py arguments for the working tree first (e.g. "--ranks 2 --steps 400")
+#   LLEP_SBS_DEEPEP=1    also one llep + DeepEP run of the working tree at the end (carry .baseline: a copy of
+#                        ../shared/baseline, never committed), saved as $OUT/sbs_dual.json and .png
+#   LLEP_SBS_BUDGET_S    no run starts after this many seconds (default 540: the device's 10-minute command limit)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+gpu_logs_tgz
+T0=$SECONDS
+budget="${LLEP_SBS_BUDGET_S:-540}"
+step() { echo "[$((SECONDS - T0)) s] $*"; }
+left() { echo $((budget - (SECONDS - T0))); }
+
+[ $# -gt 0 ] || set -- base=.base new=new
+names=() trees=() envs=()
+for spec in "$@"; do
+  name="${spec%%=*}" rest="${spec#*=}"
+  [ "$name" != "$spec" ] && [ -n "$name" ] && [ -n "$rest" ] || { echo "gpu_sbs_rounds: bad variant '$spec'" >&2; exit 2; }
+  tree="${rest%%:*}" env_part=""
+  [ "$tree" != "$rest" ] && env_part="${rest#*:}"
+  [ "$tree" = new ] || [ -d "$tree" ] || { echo "gpu_sbs_rounds: no tree '$tree' (carry it)" >&2; exit 2; }
+  names+=("$name") trees+=("$tree") envs+=("${env_part//:/ }")
+done
+
+# Builds: the working tree once, each other tree once, all in parallel (DeepEP beside them when asked).
+start_llep_build "$LOGS/build_new.log"
+declare -A build_pid=()
+for tree in "${trees[@]}"; do
+  [ "$tree" = new ] || [ -n "${build_pid[$tree]:-}" ] && continue
+  ln -sfn "$PWD/.debs" "$tree/.debs"
+  (cd "$tree" && LLEP_DEPS_PREFIX="$PWD/.deps" scripts/gpu_build.sh) > "$LOGS/build_${tree//\//_}.log" 2>&1 &
+  build_pid[$tree]=$!
+done
+[ "${LLEP_SBS_DEEPEP:-0}" = 1 ] && start_deepep_build
+wait_llep_build "$LOGS/build_new.log"
+for tree in "${!build_pid[@]}"; do
+  wait "${build_pid[$tree]}" || { tail -30 "$LOGS/build_${tree//\//_}.log"; exit 1; }
+done
+step "built: ${trees[*]}"
+pkg_of() { if [ "$1" = new ]; then echo "$PWD/$BUILD_DIR/python"; else echo "$PWD/$1/$BUILD_DIR/python"; fi; }
+new_pkg="$(pkg_of new)"
+
+if [ -n "${LLEP_SBS_TEST:-}" ]; then
+  # shellcheck disable=SC2086
+  PYTHONPATH="$new_pkg" timeout 300 python3 tests/gpu/gpu_vs_cpu.py $LLEP_SBS_TEST \
+    --results "$LOGS/gpu_vs_cpu.jsonl" > "$LOGS/gpu_vs_cpu.log" 2>&1
+  rc=$?; step "gpu_vs_cpu rc=$rc"; grep -E "FAIL|gpu_vs_cpu:" "$LOGS/gpu_vs_cpu.log" | tail -4
+  [ $rc = 0 ] || { tail -30 "$LOGS/gpu_vs_cpu.log"; exit 1; }
+fi
+if [ -n "${LLEP_GRAPH_TEST_ARGS:-}" ]; then
+  # shellcheck disable=SC2086
+  PYTHONPATH="$new_pkg" timeout 200 python3 tests/gpu/graph_test.py $LLEP_GRAPH_TEST_ARGS \
+    --results "$LOGS/graph_test.jsonl" > "$LOGS/graph_test.log" 2>&1
+  rc=$?; step "graph soak rc=$rc"; grep -E "FAIL|graph_test:" "$LOGS/graph_test.log" | tail -3
+  [ $rc = 0 ] || { tail -30 "$LOGS/graph_test.log"; exit 1; }
+fi
+
+args="${LLEP_SBS_ARGS:---ranks 2 --tokens 1 8 32 128 256 --iters 200}"
+for round in $(seq 1 "${LLEP_ROUNDS:-3}"); do
+  for i in "${!names[@]}"; do
+    [ "$(left)" -gt 45 ] || { step "budget spent: round $round not finished"; break 2; }
+    # shellcheck disable=SC2086
+    env ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")" timeout 120 python3 bench/ll_side_by_side.py \
+      --systems llep --json "$LOGS/sbs_${names[$i]}_$round.json" $args > "$LOGS/sbs_${names[$i]}_$round.log" 2>&1
+    step "${names[$i]} round $round rc=$?"
+  done
+done
+
+if [ "${LLEP_SBS_DEEPEP:-0}" = 1 ]; then
+  wait_deepep_build
+  if [ -n "$deepep_path" ] && [ "$(left)" -gt 45 ]; then
+    # shellcheck disable=SC2086
+    PYTHONPATH="$new_pkg:$deepep_path" timeout "$(left)" python3 bench/ll_side_by_side.py --systems llep,deepep \
+      --json "$OUTDIR/sbs_dual.json" $args > "$LOGS/sbs_dual.log" 2>&1
+    step "llep + DeepEP rc=$?"
+  fi
+fi
+python3 bench/compare_rounds.py "$LOGS" "${names[0]}" "${names[@]:1}" | tee "$LOGS/compare_rounds.txt"
+[ -f "$LOGS/sbs_dual.log" ] && sed -n '/^llep vs DeepEP/,$p' "$LOGS/sbs_dual.log"
+exit 0
