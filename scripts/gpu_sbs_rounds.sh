@@ -7,10 +7,12 @@
 #   scripts/gpu_sbs_rounds.sh [NAME=TREE[:VAR=VALUE[:VAR=VALUE...]] ...]      (default: base=.base new=new)
 #
 # TREE is "new" (the working tree) or a directory holding a copy of the sources, made on the development machine and
-# carried: `rm -rf .base && git archive REV --prefix=.base/ | tar -x`. VAR=VALUE pairs set the variant's environment,
-# e.g. off=new:LLEP_METRICS=0. Carry .debs (scripts/fetch_gpu_debs.sh) and the trees named.
+# carried: `rm -rf .base && git archive REV --prefix=.base/ | tar -x` (.base, .base2, ...: git-ignored). VAR=VALUE
+# pairs set the variant's environment, e.g. off=new:LLEP_METRICS=0. Carry .debs (scripts/fetch_gpu_debs.sh) and the
+# trees named. scripts/gpu_side_by_side.sh is the one-round front end of this script.
 #   LLEP_ROUNDS          rounds (default 3)
-#   LLEP_SBS_ARGS        benchmark arguments (default "--ranks 2 --tokens 1 8 32 128 256 --iters 200")
+#   LLEP_SBS_ARGS        benchmark arguments (default: the benchmark's own, every visible GPU a rank)
+#   LLEP_SBS_TIMEOUT     seconds per benchmark run (default 300)
 #   LLEP_SBS_TEST        gpu_vs_cpu.py arguments for the working tree first (e.g. "--quick --ranks 2"); a failure stops
 #   LLEP_GRAPH_TEST_ARGS graph_test.py arguments for the working tree first (e.g. "--ranks 2 --steps 400")
 #   LLEP_SBS_DEEPEP=1    also one llep + DeepEP run of the working tree at the end (carry .baseline: a copy of
@@ -69,12 +71,13 @@ if [ -n "${LLEP_GRAPH_TEST_ARGS:-}" ]; then
   [ $rc = 0 ] || { tail -30 "$LOGS/graph_test.log"; exit 1; }
 fi
 
-args="${LLEP_SBS_ARGS:---ranks 2 --tokens 1 8 32 128 256 --iters 200}"
+args="${LLEP_SBS_ARGS:-}"
+run_s() { local l; l=$(left); echo $((l < ${LLEP_SBS_TIMEOUT:-300} ? l : ${LLEP_SBS_TIMEOUT:-300})); }
 for round in $(seq 1 "${LLEP_ROUNDS:-3}"); do
   for i in "${!names[@]}"; do
     [ "$(left)" -gt 45 ] || { step "budget spent: round $round not finished"; break 2; }
     # shellcheck disable=SC2086
-    env ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")" timeout 120 python3 bench/ll_side_by_side.py \
+    env ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")" timeout "$(run_s)" python3 bench/ll_side_by_side.py \
       --systems llep --json "$LOGS/sbs_${names[$i]}_$round.json" $args > "$LOGS/sbs_${names[$i]}_$round.log" 2>&1
     step "${names[$i]} round $round rc=$?"
   done
@@ -84,11 +87,11 @@ if [ "${LLEP_SBS_DEEPEP:-0}" = 1 ]; then
   wait_deepep_build
   if [ -n "$deepep_path" ] && [ "$(left)" -gt 45 ]; then
     # shellcheck disable=SC2086
-    PYTHONPATH="$new_pkg:$deepep_path" timeout "$(left)" python3 bench/ll_side_by_side.py --systems llep,deepep \
+    PYTHONPATH="$new_pkg:$deepep_path" timeout "$(run_s)" python3 bench/ll_side_by_side.py --systems llep,deepep \
       --json "$OUTDIR/sbs_dual.json" $args > "$LOGS/sbs_dual.log" 2>&1
     step "llep + DeepEP rc=$?"
   fi
 fi
-python3 bench/compare_rounds.py "$LOGS" "${names[0]}" "${names[@]:1}" | tee "$LOGS/compare_rounds.txt"
+[ ${#names[@]} -gt 1 ] && python3 bench/compare_rounds.py "$LOGS" "${names[0]}" "${names[@]:1}" | tee "$LOGS/compare_rounds.txt"
 [ -f "$LOGS/sbs_dual.log" ] && sed -n '/^llep vs DeepEP/,$p' "$LOGS/sbs_dual.log"
 exit 0
