@@ -6,6 +6,7 @@ against a reference variant, round by round, so the spread of this machine shows
 
 DIR holds sbs_<variant>_<round>.json. For each VARIANT and T it prints variant / REF per round ("0.79 / 0.87 / 0.81")
 for every column, then the variant's and REF's medians over the rounds in µs. Rounds missing either file are skipped.
+One round is the plain before / after of two runs (it replaced compare_side_by_side.py).
 """
 import argparse
 import glob
