@@ -22,15 +22,14 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
   uint32_t seq = kSeqPending;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
-  // Shared: count and begin (row in the expert's packed block) indexed q = le * R + d as layout_range; pos, the
-  // same counts indexed d * E_loc + le and scanned (the home rank's receive area holds its blocks in local-expert
-  // order); item start (flattened rows, q order, so concurrent warps spread over all destinations); rows_to[d].
+  // Shared, indexed by block b = d * E_loc + le (destination-major: the home rank's receive area holds its blocks in
+  // local-expert order): count and begin (row in the expert's packed block) from layout_range[le][d]; pos, the counts
+  // scanned, which places each row at its destination and also numbers the rows the warps copy; rows_to[d].
   int* warp_sums = reinterpret_cast<int*>(smem);
   int* cnt = warp_sums + kWarps;
   int* beg = cnt + E;
   int* pos = beg + E;
-  int* start = pos + E;
-  int* rows_to = start + E;
+  int* rows_to = pos + E;
   Trace(c, LlOp::kCombine, kTraceSendStart);
   uint8_t* const lane_peer = LanePeer(c);
 
@@ -40,9 +39,10 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
     const bool ok = n <= T && b >= 0 && b + n <= rows;
     const int le = L.ranks.Div(q), d = q - le * R;  // q = le * R + d: layout_range is [E_loc][R]
     if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, q);
-    cnt[q] = ok ? static_cast<int>(n) : 0;
-    beg[q] = ok ? static_cast<int>(b) : 0;
-    pos[d * E_loc + le] = cnt[q];
+    const int blk = d * E_loc + le;
+    cnt[blk] = ok ? static_cast<int>(n) : 0;
+    beg[blk] = ok ? static_cast<int>(b) : 0;
+    pos[blk] = cnt[blk];
   }
   __syncthreads();
   const int pos_total = BlockExclusiveScan(pos, E, warp_sums);  // (one scan instead of a serial loop per rank)
@@ -53,44 +53,46 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
     rows_to[d] = ok ? n : -1;
   }
   __syncthreads();
-  for (int q = tid; q < E; q += kThreads) start[q] = rows_to[L.ranks.Mod(q)] < 0 ? 0 : cnt[q];
-  __syncthreads();
-  const int total = BlockExclusiveScan(start, E, warp_sums);
   Trace(c, LlOp::kCombine, kTracePlanned);
   if ((seq = gate.Open()) == 0) return;
   const int half = protocol::HalfOfSeq(seq);
 
-  for (int m = warp * G + blockIdx.x; m < total; m += G * kWarps) {
-    const int q = FindBlock(start, E, m), le = L.ranks.Div(q), d = q - le * R, i = m - start[q];
-    const int64_t src_row = beg[q] + i;
+  // Rows numbered in pos order (one scan before the gate, not a second one of the rows that are sent); the rows of
+  // a destination whose total was refused above are skipped (its signal says 0 rows, so none is counted). The skip
+  // is a zero byte count, not a branch around the body: a `continue` here made ptxas spill.
+  for (int m = warp * G + blockIdx.x; m < pos_total; m += G * kWarps) {
+    const int blk = FindBlock(pos, E, m), d = L.local_experts.Div(blk), le = blk - d * E_loc;
+    const int i = m - pos[blk];
+    const int64_t src_row = beg[blk] + i;
     const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
                                       : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
-    const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[d * E_loc + le] - pos[d * E_loc] + i);
+    const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
     uint8_t* const peer = PeerBase(c, lane_peer, d);
     // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
     uint8_t* dst = peer != nullptr ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
-    for (int64_t base = 0; base < row_bytes; base += kCopyPassBytes) {
-      const int pass = static_cast<int>(min(row_bytes - base, kCopyPassBytes));
+    const int64_t bytes = rows_to[d] < 0 ? 0 : row_bytes;  // a refused destination: nothing sent, nothing counted
+    for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
+      const int pass = static_cast<int>(min(bytes - base, kCopyPassBytes));
       uint4 v[kCopyRegs];
       LoadCopyPass(src + base, pass, v);
       StoreCopyPass(dst + base, pass, v);
     }
     gpu::WarpSync();
-    if (lane == 0) {
+    if (lane == 0 && bytes != 0) {
       FenceSys();
       if (peer == nullptr) {
         // One write per (local expert, destination) block, not per row: the block is contiguous in the staging and
         // at the destination (row stride on both sides), and messages, not bytes, bound proxy transports (per-row
         // writes measured in bench/RESULTS.md). The warp that stages the block's last row sends it; the acquire
         // of its count makes the other warps' fenced rows part of what its command releases.
-        uint64_t* staged = c.proxy_blocks + int64_t{half} * E + q;
+        uint64_t* staged = c.proxy_blocks + int64_t{half} * E + blk;
         const uint64_t before = gpu::FetchAddAcqRelGpu(staged);
-        if (before + 1 == static_cast<uint64_t>(cnt[q])) {
+        if (before + 1 == static_cast<uint64_t>(cnt[blk])) {
           *staged = 0;  // the next combine on this half is a later launch (stream order)
           PushCmd(c, d,
-                  protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombineSendOffset(half, le, beg[q]),
+                  protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombineSendOffset(half, le, beg[blk]),
                                          recv_off - int64_t{i} * L.combine_stride,
-                                         int64_t{cnt[q] - 1} * L.combine_stride + row_bytes),
+                                         int64_t{cnt[blk] - 1} * L.combine_stride + row_bytes),
                   LlOp::kCombine, seq);
         }
       }
