@@ -79,7 +79,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
     }
     gpu::WarpSync();
     if (lane == 0 && bytes != 0) {
-      FenceSys();
+      FenceBeforeCount(peer == nullptr);
       if (peer == nullptr) {
         // One write per (local expert, destination) block, not per row: the block is contiguous in the staging and
         // at the destination (row stride on both sides), and messages, not bytes, bound proxy transports (per-row

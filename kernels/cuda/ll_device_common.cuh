@@ -24,6 +24,20 @@ constexpr int kCopyRegs = 16;           // 16-byte registers per lane a warp cop
 
 // Signal words: protocol::LoadAcquireSys / StoreReleaseSys (runtime/protocol/sys_order.h).
 __device__ __forceinline__ void FenceSys() { gpu::FenceAcqRelSys(); }
+/// Orders a message's stores before its completion add (AddDone). The publisher acquires the completion counter at GPU
+/// scope and releases the destination's signal at system scope; the receiver acquires that signal at system scope. A
+/// release/acquire chain orders what its first release covers for the chain's last acquire whatever the scopes of its
+/// links, each link being between threads its scope includes (PTX memory model: causality order is transitive). So a
+/// message to an NVLink peer needs only a GPU-scope fence here, the system-scope one being the publisher's, once per
+/// destination; DeepEP's NVLink path counts its messages the same way. A message staged for the CPU proxy is read by
+/// a host thread after its command: system scope.
+__device__ __forceinline__ void FenceBeforeCount(bool to_proxy) {
+  if (to_proxy) {
+    gpu::FenceAcqRelSys();
+  } else {
+    gpu::FenceAcqRelGpu();
+  }
+}
 __device__ __forceinline__ uint64_t NowNs() { return gpu::GlobalTimerNs(); }
 __device__ __forceinline__ uint4 Ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ void St16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
@@ -411,7 +425,7 @@ __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op
 }
 
 // Completion of an operation towards one destination: a 64-bit counter per (half, op, dst) (LlDeviceContext::done)
-// gets one fire-and-forget add per message, each after its sender's system-scope fence; the CTA that knows the
+// gets one fire-and-forget add per message, each after its sender's fence (FenceBeforeCount); the CTA that knows the
 // message count n polls the counter until it reads n, publishes the signal word with a release store and then
 // resets the counter for the next call on this half (stream-ordered after this launch). Measured against "the add that completes
 // the count publishes" (adds that return a value): equal at T=128, 2.7 us faster at T=1 (senders never wait).

@@ -109,7 +109,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       }
     }
     __syncthreads();
-    if (tid == 0) FenceSys();  // the counts are ordered before d's signal, which this thread publishes
+    // The counts are ordered before d's signal, which this thread publishes: for an NVLink peer by that signal's
+    // release store itself, for a proxy peer (the route block's write command is pushed before the signal) here.
+    if (tid == 0 && peer_d == nullptr) FenceSys();
   }
   if (k_dst > 0) Trace(c, LlOp::kDispatch, kTraceCounted);
 
@@ -193,9 +195,10 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     Trace(c, LlOp::kDispatch, kTraceStored);
     if (warp == 0) {
       // Lane i < n owns the round's token i (n <= kWarps <= 32). One increment per (token, destination) message,
-      // after a system fence that follows the CTA barrier (it also orders the staged payloads before their commands).
+      // after a fence that follows the CTA barrier (FenceBeforeCount; with proxy peers a system-scope one, which also
+      // orders the staged payloads before their commands).
       const bool mine = lane < n;
-      if (mine) FenceSys();
+      if (mine) FenceBeforeCount(c.proxy_region != nullptr);
       if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
       const TokenPlan& pl = sh->plan[mine ? lane : 0];
       const int t = blockIdx.x + (round + lane) * G;

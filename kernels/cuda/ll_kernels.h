@@ -62,7 +62,7 @@ enum TracePoint : int {
   kTraceRecvPlanned,    ///< receive layout / token plan ready
   kTraceRecvEnd,        ///< receive phase done
   kTraceEncoded,        ///< dispatch: warp 0's first payload chunk loaded and encoded (before its stores)
-  kTraceFenced,         ///< dispatch: thread 0's system fence after the first round's stores returned
+  kTraceFenced,         ///< dispatch: thread 0's fence (FenceBeforeCount) after the first round's stores
   kTraceEntered,        ///< the CTA started (before the call state): the launch's ramp, for receive-only launches too
   kTraceOpened,         ///< the gate opened: the call is known to the CTA (ll_call_gate.cuh)
   kTraceCallRead,       ///< the gate thread has read the call state (while the other warps started the phase)

@@ -77,6 +77,8 @@ __device__ __forceinline__ void WarpSync() { __syncwarp(); }
 
 /// Acquire-release fence at system scope (peers over NVLink, the host).
 __device__ __forceinline__ void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+/// Acquire-release fence at GPU scope (ordering for threads of this GPU).
+__device__ __forceinline__ void FenceAcqRelGpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 /// Nanoseconds of the GPU's global timer (metrics stamps, timeouts).
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
@@ -173,6 +175,7 @@ __device__ __forceinline__ unsigned WarpMatchAny(int v) {
 __device__ __forceinline__ void WarpSync() { __builtin_amdgcn_wave_barrier(); }
 
 __device__ __forceinline__ void FenceAcqRelSys() { __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, ""); }
+__device__ __forceinline__ void FenceAcqRelGpu() { __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "agent"); }
 /// s_memrealtime counts a constant 100 MHz on CDNA (not the shader clock): 10 ns per tick.
 __device__ __forceinline__ uint64_t GlobalTimerNs() { return __builtin_amdgcn_s_memrealtime() * 10ull; }
 __device__ __forceinline__ uint64_t LoadAcquireGpu(const uint64_t* p) {
