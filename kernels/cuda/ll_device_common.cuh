@@ -448,6 +448,7 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
       return;
     }
   }
+  TraceThis(c, op, kTracePolled);
   if (peer != nullptr) {
     protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(peer + c.layout.SignalOffset(half, op, c.rank)),
                               protocol::PackSignal(seq, n));

@@ -66,6 +66,7 @@ enum TracePoint : int {
   kTraceEntered,        ///< the CTA started (before the call state): the launch's ramp, for receive-only launches too
   kTraceOpened,         ///< the gate opened: the call is known to the CTA (ll_call_gate.cuh)
   kTraceCallRead,       ///< the gate thread has read the call state (while the other warps started the phase)
+  kTracePolled,         ///< publishing CTAs: the last destination's completion counter read full (before its signal)
   kTracePoints = 16,
 };
 
