@@ -20,8 +20,9 @@ from kernel_times import kernel_times  # bench/kernel_times.py
 from local_group import free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
+# kernels/cuda/ll_kernels.h TracePoint, in its order
 POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
-          'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered', 'opened', 'call_read', 'polled']  # kernels/cuda/ll_kernels.h TracePoint
+          'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered', 'opened', 'call_read', 'polled']
 # In time order; a point the tree does not stamp is left out ('opened', the call state known, is newer than the rest).
 RECV = ['entered', 'recv_start', 'call_read', 'opened', 'recv_planned', 'signals', 'recv_end']
 
