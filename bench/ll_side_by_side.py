@@ -15,7 +15,12 @@ Columns, per system (medians of --iters, then the maximum over ranks: the slowes
   cpu.d / cpu.c       host CPU µs inside each Python call (perf_counter around it) while the GPU is kept busy ahead,
                       so no call waits for the device; *_dd: the same after torch.set_default_device('cuda'), which
                       DeepEP's test and some engines set (it sends every Python-level tensor call through a hook)
-Ratios llep / DeepEP are printed per column. Each T runs with num_max_dispatch_tokens_per_rank = T when DeepEP
+Ratios llep / DeepEP are printed per column. The systems are measured one after the other (the buffer of the one
+measured first stays allocated, idle, for the paired phase), so the host-inclusive columns (eager, cpu) also carry
+whatever the host did meanwhile: this benchmark's hosts switch between speed modes within a run. With both systems a
+paired phase follows (both buffers alive, the two systems' calls alternating every iteration, the order swapped each
+time): eager and cpu.d / cpu.c again, each cell with the median over iterations of the per-iteration ratio llep /
+DeepEP, which such drift hits on both sides. Each T runs with num_max_dispatch_tokens_per_rank = T when DeepEP
 accepts it (it needs R * T_max % 4 == 0), else the next T_max that it accepts, for both systems; the refusal is
 reported. Before timing, both systems pass a correctness gate at that T (BF16 dispatch, identity experts:
 combine must return sum_k w[t, k] * x[t] over the valid slots; recv_count must equal the routed counts), so a
@@ -217,6 +222,65 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     return r
 
 
+def _paired_host(objs, rank, R, T, T_max, dev, iters):
+    """The paired phase (module doc): {name: {'eager_p': µs, 'cpu_d_p': µs, 'cpu_c_p': µs}} medians and
+    {'eager_p': r, 'cpu_d_p': r, 'cpu_c_p': r}, the medians of the per-iteration ratios llep / DeepEP."""
+    x, topk, w = _inputs(rank, T, dev)
+    y = torch.randn((E // R, R * T_max, H), device=dev).to(torch.bfloat16)
+    out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+    names = ('llep', 'deepep')
+    calls = {}
+    for name in names:
+        sysm = objs[name]
+        calls[name] = (lambda sysm=sysm: sysm.dispatch(x, topk, T_max)[2],
+                       lambda hd, sysm=sysm: sysm.combine(y, topk, w, hd, out=out))
+    for _ in range(20):
+        for name in names:
+            d, c = calls[name]
+            c(d())
+    torch.cuda.synchronize()
+
+    def order(i):
+        return names if i % 2 == 0 else names[::-1]
+
+    # eager: per iteration each system's round trip between two events, after a synchronisation and a barrier
+    ev = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+          for n in names}
+    for i in range(iters):
+        for name in order(i):
+            d, c = calls[name]
+            torch.cuda.synchronize()
+            dist.barrier()
+            ev[name][i][0].record()
+            c(d())
+            ev[name][i][1].record()
+    torch.cuda.synchronize()
+    eager = {n: [a.elapsed_time(b) * 1000 for a, b in ev[n]] for n in names}
+    # cpu: host µs inside each call with the GPU busy ahead, re-armed every `chunk` iterations so the launch queue
+    # never fills (a full queue would make a call wait for the device)
+    cpu_d = {n: [] for n in names}
+    cpu_c = {n: [] for n in names}
+    chunk = 25
+    for i0 in range(0, iters, chunk):
+        _gpu_ahead()
+        for i in range(i0, min(i0 + chunk, iters)):
+            for name in order(i):
+                d, c = calls[name]
+                t0 = time.perf_counter_ns()
+                hd = d()
+                t1 = time.perf_counter_ns()
+                c(hd)
+                t2 = time.perf_counter_ns()
+                cpu_d[name].append((t1 - t0) / 1000)
+                cpu_c[name].append((t2 - t1) / 1000)
+        torch.cuda.synchronize()
+    med = statistics.median
+    per = {n: {'eager_p': med(eager[n]), 'cpu_d_p': med(cpu_d[n]), 'cpu_c_p': med(cpu_c[n])} for n in names}
+    ratio = {col: med(a / b for a, b in zip(v['llep'], v['deepep']))
+             for col, v in (('eager_p', eager), ('cpu_d_p', cpu_d), ('cpu_c_p', cpu_c))}
+    return per, ratio
+
+
 def _max_over_ranks(v):
     t = torch.tensor([float(v)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -233,6 +297,7 @@ def _worker(rank, R, port, Ts, iters, systems, json_path):
     T_top = max(_t_max(T, R) for T in Ts)
     rows = {T: {'T': T, 'T_max': _t_max(T, R), 'deepep_refuses_T': _t_max(T, R) != T} for T in Ts}
     notes = {}
+    objs = {}
     for name in systems:
         try:
             sysm = _System(name, group, R, T_top)
@@ -257,11 +322,23 @@ def _worker(rank, R, port, Ts, iters, systems, json_path):
                 print(f'[{time.strftime("%H:%M:%S")}] {name} T={T} (T_max {T_max}): ' +
                       ', '.join(f'{k} {v:.1f}' for k, v in r.items()), flush=True)
         dist.barrier()
-        sysm.buf.destroy()
-        del sysm
-        torch.cuda.synchronize()
+        objs[name] = sysm  # kept for the paired phase: destroyed at the end
     if rank == 0:
         _report(R, ngpu, dev, iters, [rows[T] for T in Ts], notes, json_path)
+    if len(objs) == len(SYSTEMS):
+        for T in Ts:  # after the report: whatever happens here, the main table is out
+            T_max = rows[T]['T_max']
+            for sysm in objs.values():
+                sysm.buf.clean_low_latency_buffer(T_max, H, E)
+            per, ratio = _paired_host(objs, rank, R, T, T_max, dev, iters)
+            for name, cols in per.items():
+                rows[T].update({f'{name}_{k}': _max_over_ranks(v) for k, v in cols.items()})
+            rows[T].update({f'ratio_{k}': _max_over_ranks(v) for k, v in ratio.items()})
+        if rank == 0:
+            _report_paired(iters, [rows[T] for T in Ts], json_path)
+    for sysm in objs.values():
+        sysm.buf.destroy()
+    torch.cuda.synchronize()
     dist.destroy_process_group()
 
 
@@ -321,6 +398,26 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
     png = os.path.splitext(json_path)[0] + '.png'
     fig.savefig(png, dpi=110, bbox_inches='tight')
     print(f'wrote {json_path} and {png}')
+
+
+PAIRED = ('eager_p', 'cpu_d_p', 'cpu_c_p')
+
+
+def _report_paired(iters, rows, json_path):
+    """The paired phase's table (module doc), and its numbers added to the JSON _report wrote."""
+    print(f'\npaired host columns: both buffers alive, the calls alternating every iteration; cells llep / DeepEP µs '
+          f'(medians of {iters}) and the median of the per-iteration ratios, max over ranks')
+    print(f'{"T":>4} {"Tmax":>4} | ' + ' '.join(f'{c:>17}' for c in PAIRED))
+    for r in rows:
+        cells = [f'{r[f"llep_{c}"]:>6.1f}/{r[f"deepep_{c}"]:>5.1f} {r[f"ratio_{c}"]:>4.2f}' for c in PAIRED]
+        print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
+    if not json_path:
+        return
+    with open(json_path) as f:
+        data = json.load(f)
+    data['rows'] = rows
+    with open(json_path, 'w') as f:
+        json.dump(data, f, indent=1)
 
 
 def main():
