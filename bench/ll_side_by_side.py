@@ -81,18 +81,27 @@ def _kernel_times(fn, iters):
     return kernel_times(fn, iters, _gpu_ahead)
 
 
-def _eager_times(fn, iters):
-    """Host-inclusive: per iteration an idle, aligned GPU; events around the Python calls."""
-    a = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    b = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        torch.cuda.synchronize()
-        dist.barrier()
-        a[i].record()
-        fn()
-        b[i].record()
+def _event_pair():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _eager_once(fn, events):
+    """One host-inclusive sample: an idle, aligned GPU (synchronised, ranks met), then events around the Python calls;
+    µs from events[0].elapsed_time(events[1]) * 1000 after a later synchronisation."""
     torch.cuda.synchronize()
-    return statistics.median(a[i].elapsed_time(b[i]) * 1000 for i in range(iters))
+    dist.barrier()
+    events[0].record()
+    fn()
+    events[1].record()
+
+
+def _eager_times(fn, iters):
+    """Host-inclusive round trip (_eager_once), median of iters."""
+    ev = [_event_pair() for _ in range(iters)]
+    for e in ev:
+        _eager_once(fn, e)
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) * 1000 for a, b in ev)
 
 
 def _graph_time(round_trip, n, iters):
@@ -117,18 +126,20 @@ def _graph_time(round_trip, n, iters):
     return t
 
 
+def _cpu_once(dispatch, combine):
+    """Host CPU µs inside one dispatch and its combine (the caller keeps the GPU busy ahead)."""
+    t0 = time.perf_counter_ns()
+    h = dispatch()
+    t1 = time.perf_counter_ns()
+    combine(h)
+    t2 = time.perf_counter_ns()
+    return (t1 - t0) / 1000, (t2 - t1) / 1000
+
+
 def _cpu_times(dispatch, combine, iters):
     """Host CPU µs inside each call with the GPU busy ahead (queued launches never wait for the device)."""
     _gpu_ahead()
-    d, c = [], []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        h = dispatch()
-        t1 = time.perf_counter_ns()
-        combine(h)
-        t2 = time.perf_counter_ns()
-        d.append((t1 - t0) / 1000)
-        c.append((t2 - t1) / 1000)
+    d, c = zip(*(_cpu_once(dispatch, combine) for _ in range(iters)))
     torch.cuda.synchronize()
     return statistics.median(d), statistics.median(c)
 
@@ -175,15 +186,28 @@ def _gate(sysm, rank, R, T, T_max, dev):
         raise AssertionError(f'{sysm.name} T={T}: combine differs from sum_k w x by {err:.3g} (relative)')
 
 
-def _measure(sysm, rank, R, T, T_max, dev, iters):
+def _round_trip_inputs(rank, R, T, T_max, dev):
+    """(x, topk, w, y, out) of a measured round trip: the tokens, their routing and weights (_inputs), the expert
+    outputs combine sends back, and combine's output."""
     x, topk, w = _inputs(rank, T, dev)
-    E_loc = E // R
-    y = torch.randn((E_loc, R * T_max, H), device=dev).to(torch.bfloat16)
+    y = torch.randn((E // R, R * T_max, H), device=dev).to(torch.bfloat16)
     out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+    return x, topk, w, y, out
+
+
+def _calls(sysm, inputs, T_max):
+    """(dispatch, combine) of one system on these inputs: dispatch() returns the handle combine(handle) takes."""
+    x, topk, w, y, out = inputs
+    return (lambda: sysm.dispatch(x, topk, T_max)[2], lambda hd: sysm.combine(y, topk, w, hd, out=out))
+
+
+def _measure(sysm, rank, R, T, T_max, dev, iters):
+    inputs = _round_trip_inputs(rank, R, T, T_max, dev)
+    x, topk, w, y, out = inputs
+    d, c = _calls(sysm, inputs, T_max)
 
     def plain():
-        _, _, hd, _, _ = sysm.dispatch(x, topk, T_max)
-        sysm.combine(y, topk, w, hd, out=out)
+        c(d())
 
     def hooked():
         _, _, hd, _, hook = sysm.dispatch(x, topk, T_max, return_recv_hook=True)
@@ -205,13 +229,6 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     r['eager'] = _eager_times(plain, iters)
     r['graph'] = _graph_time(plain, 1, iters)
     r['graph16'] = _graph_time(plain, GRAPH_ROUND_TRIPS, iters) / GRAPH_ROUND_TRIPS
-
-    def d():
-        return sysm.dispatch(x, topk, T_max)[2]
-
-    def c(hd):
-        sysm.combine(y, topk, w, hd, out=out)
-
     r['cpu_d'], r['cpu_c'] = _cpu_times(d, c, iters)
     torch.set_default_device(dev)
     try:
@@ -225,15 +242,9 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
 def _paired_host(objs, rank, R, T, T_max, dev, iters):
     """The paired phase (module doc): {name: {'eager_p': µs, 'cpu_d_p': µs, 'cpu_c_p': µs}} medians and
     {'eager_p': r, 'cpu_d_p': r, 'cpu_c_p': r}, the medians of the per-iteration ratios llep / DeepEP."""
-    x, topk, w = _inputs(rank, T, dev)
-    y = torch.randn((E // R, R * T_max, H), device=dev).to(torch.bfloat16)
-    out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+    inputs = _round_trip_inputs(rank, R, T, T_max, dev)
     names = ('llep', 'deepep')
-    calls = {}
-    for name in names:
-        sysm = objs[name]
-        calls[name] = (lambda sysm=sysm: sysm.dispatch(x, topk, T_max)[2],
-                       lambda hd, sysm=sysm: sysm.combine(y, topk, w, hd, out=out))
+    calls = {name: _calls(objs[name], inputs, T_max) for name in names}
     for _ in range(20):
         for name in names:
             d, c = calls[name]
@@ -243,17 +254,11 @@ def _paired_host(objs, rank, R, T, T_max, dev, iters):
     def order(i):
         return names if i % 2 == 0 else names[::-1]
 
-    # eager: per iteration each system's round trip between two events, after a synchronisation and a barrier
-    ev = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-          for n in names}
+    ev = {n: [_event_pair() for _ in range(iters)] for n in names}
     for i in range(iters):
         for name in order(i):
             d, c = calls[name]
-            torch.cuda.synchronize()
-            dist.barrier()
-            ev[name][i][0].record()
-            c(d())
-            ev[name][i][1].record()
+            _eager_once(lambda: c(d()), ev[name][i])
     torch.cuda.synchronize()
     eager = {n: [a.elapsed_time(b) * 1000 for a, b in ev[n]] for n in names}
     # cpu: host µs inside each call with the GPU busy ahead, re-armed every `chunk` iterations so the launch queue
@@ -265,14 +270,9 @@ def _paired_host(objs, rank, R, T, T_max, dev, iters):
         _gpu_ahead()
         for i in range(i0, min(i0 + chunk, iters)):
             for name in order(i):
-                d, c = calls[name]
-                t0 = time.perf_counter_ns()
-                hd = d()
-                t1 = time.perf_counter_ns()
-                c(hd)
-                t2 = time.perf_counter_ns()
-                cpu_d[name].append((t1 - t0) / 1000)
-                cpu_c[name].append((t2 - t1) / 1000)
+                d_us, c_us = _cpu_once(*calls[name])
+                cpu_d[name].append(d_us)
+                cpu_c[name].append(c_us)
         torch.cuda.synchronize()
     med = statistics.median
     per = {n: {'eager_p': med(eager[n]), 'cpu_d_p': med(cpu_d[n]), 'cpu_c_p': med(cpu_c[n])} for n in names}
