@@ -10,9 +10,10 @@ Every rank builds two Buffers on one gloo group, one on the NVLink kernels ('cud
 Matrix: num_tokens {1, 3, 64, 128, 256}, hidden {2048, 4096, 7168}, experts {64, 256, 288}, 2 and 4 ranks,
 random and hot-expert routing with -1 holes, FP8 / round_scale / UE8M0 / BF16, hooks on/off, LogFMT, zero-copy,
 async_finish; each case runs many GPU iterations over both buffer halves against CPU references of a few
-distinct inputs. Then the carried combine plans (combines after three dispatches; copied and keyless handles), then
-error cases: a bad expert id is reported and the buffer stays usable; a rank that never
-calls makes its peers' kernels time out and report LlepTimeoutError instead of hanging.
+distinct inputs, and one case per rank count switches mode and hooks every call on one buffer (128 tokens). Then the
+carried combine plans (combines after three dispatches; copied and keyless handles), then error cases: a bad expert id
+is reported and the buffer stays usable; a rank that never calls makes its peers' kernels time out and report
+LlepTimeoutError instead of hanging.
 
 Inter-node path (issue #4): --ranks-per-node N splits the ranks into virtual nodes of N (LLEP_RANKS_PER_NODE), so
 traffic between nodes goes GPU -> FIFO -> CPU proxy -> libfabric (shm by default, LLEP_FABRIC_PROVIDER) -> peer's
@@ -38,6 +39,19 @@ import llep
 from llep.utils import free_port
 
 
+# Mode 'mixed': one buffer, every iteration another dispatch mode, the first cycle without hooks and the next with them
+# (modes and hooks switch per call, as DeepEP allows; a receive must never take an earlier call's bytes of another mode
+# for its own: bench/RESULTS.md session 27).
+MIXED_MODES = ('bf16', 'fp8', 'fp8_round', 'ue8m0')
+
+
+def _iteration_mode(mode, hook, it):
+    """(dispatch mode, hook) of GPU iteration `it` of a case."""
+    if mode != 'mixed':
+        return mode, hook
+    return MIXED_MODES[it % len(MIXED_MODES)], (it // len(MIXED_MODES)) % 2 == 1
+
+
 # (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters)
 def _cases(quick, ranks=(4, 2)):
     cases = []
@@ -61,6 +75,9 @@ def _cases(quick, ranks=(4, 2)):
                               ('_zc' if zero_copy else '') + ('_logfmt' if logfmt else ''),
                               R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters))
                 i += 1
+        # Modes and hooks switching per call on one buffer at 128 tokens (after the cycled cases: their names keep).
+        cases.append((f'R{R}_n128_H7168_E256_K8_mixed_modes_random', R, 128, 128, 7168, 256, 8, 'mixed', 'random',
+                      False, False, False, 2 * len(MIXED_MODES)))
     if quick:
         cases = _covering_subset(cases)
     return cases
@@ -201,11 +218,12 @@ def _case(rank, case, gloo, log):
     refs = []
     cpu_stats = torch.zeros(E_loc, dtype=torch.int32)
     seeds = (1, 2, 3)
-    for seed in seeds:  # CPU references for three distinct inputs
+    modes = MIXED_MODES if mode == 'mixed' else (mode,)
+    for seed in seeds:  # CPU references for three distinct inputs, in each mode the case uses
         x, topk, w = _inputs(rank, seed, n, H, E, K, routing)
         y = _expert_out(rank, seed, E_loc, rows, H)
-        refs.append((x, topk, w, y, _run(cpu, x, topk, w, y, T, E, mode, False, False, False, cpu_stats,
-                                           None, None)))
+        refs.append((x, topk, w, y, {m: _run(cpu, x, topk, w, y, T, E, m, False, False, False, cpu_stats, None, None)
+                                     for m in modes}))
     gpu_stats = torch.zeros(E_loc, dtype=torch.int32, device=dev)
     wait_d = torch.zeros(R, dtype=torch.int64, device=dev)
     wait_c = torch.zeros(R, dtype=torch.int64, device=dev)
@@ -213,8 +231,10 @@ def _case(rank, case, gloo, log):
     expected_stats = torch.zeros(E_loc, dtype=torch.int32)
     expected_sent = torch.zeros(R, dtype=torch.int64)
     for it in range(iters):
-        x, topk, w, y, ref = refs[it % len(refs)]
-        got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, mode, hook, zero_copy, logfmt,
+        x, topk, w, y, by_mode = refs[it % len(refs)]
+        it_mode, it_hook = _iteration_mode(mode, hook, it)
+        ref = by_mode[it_mode]
+        got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, it_mode, it_hook, zero_copy, logfmt,
                    gpu_stats, wait_d, wait_c)
         torch.cuda.synchronize()
         gpu.check_errors()
