@@ -81,27 +81,26 @@ def _kernel_times(fn, iters):
     return kernel_times(fn, iters, _gpu_ahead)
 
 
-def _event_pair():
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
-def _eager_once(fn, events):
-    """One host-inclusive sample: an idle, aligned GPU (synchronised, ranks met), then events around the Python calls;
-    µs from events[0].elapsed_time(events[1]) * 1000 after a later synchronisation."""
+def _eager_samples(fns, iters, order):
+    """Host-inclusive samples of each callable of fns ({name: fn}), those of iteration i called in the order order(i)
+    names: per call an idle, aligned GPU (synchronised, ranks met), then CUDA events around the Python call.
+    {name: [µs per iteration]}."""
+    ev = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+          for n in fns}
+    for i in range(iters):
+        for n in order(i):
+            torch.cuda.synchronize()
+            dist.barrier()
+            ev[n][i][0].record()
+            fns[n]()
+            ev[n][i][1].record()
     torch.cuda.synchronize()
-    dist.barrier()
-    events[0].record()
-    fn()
-    events[1].record()
+    return {n: [a.elapsed_time(b) * 1000 for a, b in ev[n]] for n in fns}
 
 
 def _eager_times(fn, iters):
-    """Host-inclusive round trip (_eager_once), median of iters."""
-    ev = [_event_pair() for _ in range(iters)]
-    for e in ev:
-        _eager_once(fn, e)
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) * 1000 for a, b in ev)
+    """Host-inclusive time of fn (_eager_samples), median of iters."""
+    return statistics.median(_eager_samples({'': fn}, iters, lambda i: ('',))[''])
 
 
 def _graph_time(round_trip, n, iters):
@@ -126,21 +125,33 @@ def _graph_time(round_trip, n, iters):
     return t
 
 
-def _cpu_once(dispatch, combine):
-    """Host CPU µs inside one dispatch and its combine (the caller keeps the GPU busy ahead)."""
-    t0 = time.perf_counter_ns()
-    h = dispatch()
-    t1 = time.perf_counter_ns()
-    combine(h)
-    t2 = time.perf_counter_ns()
-    return (t1 - t0) / 1000, (t2 - t1) / 1000
+CPU_CHUNK = 25  # iterations per _gpu_ahead(): the launches they queue never fill the launch queue nor outlast the sleep
+
+
+def _cpu_samples(calls, iters, order):
+    """Host CPU µs inside each dispatch and its combine of each system of calls ({name: (dispatch, combine)}: dispatch()
+    returns the handle combine takes), those of iteration i called in the order order(i) names, with the GPU kept busy
+    ahead (re-armed every CPU_CHUNK iterations) so no call waits for the device. {name: ([dispatch µs], [combine µs])}."""
+    out = {n: ([], []) for n in calls}
+    for i0 in range(0, iters, CPU_CHUNK):
+        _gpu_ahead()
+        for i in range(i0, min(i0 + CPU_CHUNK, iters)):
+            for n in order(i):
+                dispatch, combine = calls[n]
+                t0 = time.perf_counter_ns()
+                h = dispatch()
+                t1 = time.perf_counter_ns()
+                combine(h)
+                t2 = time.perf_counter_ns()
+                out[n][0].append((t1 - t0) / 1000)
+                out[n][1].append((t2 - t1) / 1000)
+        torch.cuda.synchronize()
+    return out
 
 
 def _cpu_times(dispatch, combine, iters):
-    """Host CPU µs inside each call with the GPU busy ahead (queued launches never wait for the device)."""
-    _gpu_ahead()
-    d, c = zip(*(_cpu_once(dispatch, combine) for _ in range(iters)))
-    torch.cuda.synchronize()
+    """Host CPU µs inside each call (_cpu_samples), medians of iters."""
+    d, c = _cpu_samples({'': (dispatch, combine)}, iters, lambda i: ('',))['']
     return statistics.median(d), statistics.median(c)
 
 
@@ -254,26 +265,10 @@ def _paired_host(objs, rank, R, T, T_max, dev, iters):
     def order(i):
         return names if i % 2 == 0 else names[::-1]
 
-    ev = {n: [_event_pair() for _ in range(iters)] for n in names}
-    for i in range(iters):
-        for name in order(i):
-            d, c = calls[name]
-            _eager_once(lambda: c(d()), ev[name][i])
-    torch.cuda.synchronize()
-    eager = {n: [a.elapsed_time(b) * 1000 for a, b in ev[n]] for n in names}
-    # cpu: host µs inside each call with the GPU busy ahead, re-armed every `chunk` iterations so the launch queue
-    # never fills (a full queue would make a call wait for the device)
-    cpu_d = {n: [] for n in names}
-    cpu_c = {n: [] for n in names}
-    chunk = 25
-    for i0 in range(0, iters, chunk):
-        _gpu_ahead()
-        for i in range(i0, min(i0 + chunk, iters)):
-            for name in order(i):
-                d_us, c_us = _cpu_once(*calls[name])
-                cpu_d[name].append(d_us)
-                cpu_c[name].append(c_us)
-        torch.cuda.synchronize()
+    eager = _eager_samples({n: (lambda d=d, c=c: c(d())) for n, (d, c) in calls.items()}, iters, order)
+    cpu = _cpu_samples(calls, iters, order)
+    cpu_d = {n: v[0] for n, v in cpu.items()}
+    cpu_c = {n: v[1] for n, v in cpu.items()}
     med = statistics.median
     per = {n: {'eager_p': med(eager[n]), 'cpu_d_p': med(cpu_d[n]), 'cpu_c_p': med(cpu_c[n])} for n in names}
     ratio = {col: med(a / b for a, b in zip(v['llep'], v['deepep']))

@@ -88,3 +88,30 @@ def test_paired_report_prints_every_row_and_adds_the_cells_to_the_json(tmp_path,
     import json
     data = json.loads(path.read_text())
     assert data['ranks'] == 2 and data['rows'] == rows
+
+
+def test_one_system_columns_use_the_same_sampling(monkeypatch):
+    """The main table's eager and cpu columns (_eager_times, _cpu_times) take the paired phase's samplers with one
+    system: every iteration called once, the medians of its own costs."""
+    monkeypatch.setattr(torch.cuda, 'Event', _Event)
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, '_sleep', lambda *a, **k: None)
+    monkeypatch.setattr(dist, 'barrier', lambda *a, **k: None)
+    monkeypatch.setattr(sbs.time, 'perf_counter_ns', lambda: _Clock.ns)
+    calls = []
+    llep = _FakeSystem('llep', calls)
+
+    def dispatch():
+        return llep.dispatch(None, None, 4)[2]
+
+    def combine(h):
+        llep.combine(None, None, None, h)
+
+    ld, lc = COST_US['llep']
+    iters = 10  # below the 15 calls after which the fake host slows down
+    assert sbs._eager_times(lambda: combine(dispatch()), iters) == pytest.approx(ld + lc)
+    assert llep.n == iters
+    llep.n = 0
+    d_us, c_us = sbs._cpu_times(dispatch, combine, iters)
+    assert (d_us, c_us) == (pytest.approx(ld), pytest.approx(lc))
+    assert llep.n == iters
