@@ -33,7 +33,7 @@ __device__ __forceinline__ void FenceSys() { gpu::FenceAcqRelSys(); }
 /// a host thread after its command: system scope.
 __device__ __forceinline__ void FenceBeforeCount(bool to_proxy) {
   if (to_proxy) {
-    gpu::FenceAcqRelSys();
+    FenceSys();
   } else {
     gpu::FenceAcqRelGpu();
   }
