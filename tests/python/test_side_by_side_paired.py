@@ -50,12 +50,17 @@ class _FakeSystem:
         return None, None, None
 
 
-def test_paired_phase_alternates_the_systems_and_takes_per_iteration_ratios(monkeypatch):
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CUDA events, synchronisation, the GPU sleep, the ranks' barrier and the host clock, all on _Clock."""
     monkeypatch.setattr(torch.cuda, 'Event', _Event)
     monkeypatch.setattr(torch.cuda, 'synchronize', lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, '_sleep', lambda *a, **k: None)
     monkeypatch.setattr(dist, 'barrier', lambda *a, **k: None)
     monkeypatch.setattr(sbs.time, 'perf_counter_ns', lambda: _Clock.ns)
+
+
+def test_paired_phase_alternates_the_systems_and_takes_per_iteration_ratios(fake_gpu):
     calls = []
     objs = {name: _FakeSystem(name, calls) for name in ('llep', 'deepep')}
     iters = 60
@@ -90,14 +95,9 @@ def test_paired_report_prints_every_row_and_adds_the_cells_to_the_json(tmp_path,
     assert data['ranks'] == 2 and data['rows'] == rows
 
 
-def test_one_system_columns_use_the_same_sampling(monkeypatch):
+def test_one_system_columns_use_the_same_sampling(fake_gpu):
     """The main table's eager and cpu columns (_eager_times, _cpu_times) take the paired phase's samplers with one
     system: every iteration called once, the medians of its own costs."""
-    monkeypatch.setattr(torch.cuda, 'Event', _Event)
-    monkeypatch.setattr(torch.cuda, 'synchronize', lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, '_sleep', lambda *a, **k: None)
-    monkeypatch.setattr(dist, 'barrier', lambda *a, **k: None)
-    monkeypatch.setattr(sbs.time, 'perf_counter_ns', lambda: _Clock.ns)
     calls = []
     llep = _FakeSystem('llep', calls)
 
