@@ -4,6 +4,8 @@
 // namespace): split by phase so a reader can hold each part; the generated code is that of one file.
 #pragma once
 
+#include <cstddef>
+
 #include "kernels/cuda/ll_kernels.h"
 #include "runtime/protocol/gpu_port.h"
 #include "runtime/protocol/signal.h"
@@ -199,21 +201,31 @@ __device__ __forceinline__ void StampMax(uint64_t* p) {
   atomicMax(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(NowNs()));
 }
 
-/// Bins the latencies of every operation whose receive phase a launch before this one started (so it finished:
-/// stream order), except call `except` (the caller's own). One thread. A slot qualifies when its owner's send and
-/// receive both stamped it (recv_seq == seq) and it is not binned yet. Stamps that do not make sense (an operation cut
-/// short by an error) are dropped rather than binned.
+/// Bins the latencies of the operation in stamp slot i if its receive phase was started by a launch before this one
+/// (so it finished: stream order) and it is not call `except` (the caller's own). A slot qualifies when its owner's
+/// send and receive both stamped it (recv_seq == seq) and it is not binned yet. Stamps that do not make sense (an
+/// operation cut short by an error) are dropped rather than binned. The slot's words load together, all used before
+/// the first branch: one round trip. (One thread binning the four slots with loads that waited for the previous
+/// slot's check took 2 us, the tail of a small-T dispatch receive: bench/RESULTS.md session 28.)
+__device__ __forceinline__ void BinFinishedOp(const LlDeviceContext& c, int i, uint32_t except) {
+  OpStamps& slot = c.stamps[i];
+  const auto* w = reinterpret_cast<const unsigned long long*>(&slot);
+  static_assert(offsetof(OpStamps, seq) == 40 && offsetof(OpStamps, op) == 48, "7 words: 5 stamps, seq|state, op|rs");
+  const uint64_t s0 = gpu::LoadCg(w), s1 = gpu::LoadCg(w + 1), r0 = gpu::LoadCg(w + 2), w1 = gpu::LoadCg(w + 3),
+                 r1 = gpu::LoadCg(w + 4), seq_state = gpu::LoadCg(w + 5), op_rseq = gpu::LoadCg(w + 6);
+  const uint32_t seq = protocol::LowHalf(seq_state), state = protocol::HighHalf(seq_state);
+  const uint32_t op = protocol::LowHalf(op_rseq), recv_seq = protocol::HighHalf(op_rseq);
+  const uint64_t ns[protocol::kNumMetricPhases] = {s1 - s0, w1 - r0, r1 - s0};
+  if (state != kStampSent || recv_seq != seq || seq == except) return;
+  slot.state = kStampBinned;
+  if (s1 < s0 || w1 < r0 || r1 < w1 || r1 < s0) return;
+  protocol::AddOpLatencies(c.metrics_layout, static_cast<int>(op), ns,
+                           [&](int word, uint64_t v) { AddMetric(c, word, v); });
+}
+
+/// Every slot's operation (BinFinishedOp), by one thread: the metrics flush kernel.
 __device__ void BinFinishedOps(const LlDeviceContext& c, uint32_t except) {
-  for (int i = 0; i < kStampSlots; ++i) {
-    OpStamps& st = c.stamps[i];
-    if (st.state != kStampSent || st.recv_seq != st.seq || st.seq == except) continue;
-    const uint64_t s0 = st.send_start, s1 = st.send_end, r0 = st.recv_start, w1 = st.wait_end, r1 = st.recv_end;
-    st.state = kStampBinned;
-    if (s1 < s0 || w1 < r0 || r1 < w1 || r1 < s0) continue;
-    const uint64_t ns[protocol::kNumMetricPhases] = {s1 - s0, w1 - r0, r1 - s0};
-    protocol::AddOpLatencies(c.metrics_layout, static_cast<int>(st.op), ns,
-                             [&](int word, uint64_t v) { AddMetric(c, word, v); });
-  }
+  for (int i = 0; i < kStampSlots; ++i) BinFinishedOp(c, i, except);
 }
 
 /// Every source's signal seen (CTA 0, thread 0, after the CTA's wait).
@@ -251,16 +263,20 @@ __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_
 }
 
 /// Whether this CTA (BinningCta) / thread (BinsMetrics) bins finished operations' latencies in a receive phase
-/// (BinFinishedOps, once per launch, metrics on): the last thread (the gate's warp, which holds no early work) of CTA
-/// G-2. Not CTA 0, where receive work starts (tokens b, b + G, ...: CTA 0 binning cost 1.1 us of combine receive at
-/// T=1 on 4xH200), nor CTA G-1, which has its own serial work after the signals (the dispatch's handle and table, the
-/// combine's count check) and ended small-T receives with the binning before its barrier (bench/RESULTS.md sessions
-/// 22-25). With T < G CTA G-2 has no tokens.
+/// (BinFinishedOp, once per launch, metrics on): the last kStampSlots threads (of the gate's warp, which holds no early
+/// work) of CTA G-2, a slot each (ReceiveBinning). Not CTA 0, where receive work starts (tokens b, b + G, ...: CTA 0
+/// binning cost 1.1 us of combine receive at T=1 on 4xH200), nor CTA G-1, which has its own serial work after the
+/// signals (the dispatch's handle and table, the combine's count check) and ended small-T receives with the binning
+/// before its barrier (bench/RESULTS.md sessions 22-25). With T < G CTA G-2 has no tokens.
 __device__ __forceinline__ bool BinningCta(const LlDeviceContext& c) {
   return c.metrics != nullptr && blockIdx.x == (gridDim.x >= 2 ? gridDim.x - 2 : 0);
 }
 __device__ __forceinline__ bool BinsMetrics(const LlDeviceContext& c) {
-  return threadIdx.x == kThreads - 1 && BinningCta(c);
+  return threadIdx.x >= kThreads - kStampSlots && BinningCta(c);
+}
+/// A receive phase's binning (the BinsMetrics threads; `seq` its own call, not binned).
+__device__ __forceinline__ void ReceiveBinning(const LlDeviceContext& c, uint32_t seq) {
+  if (BinsMetrics(c)) BinFinishedOp(c, static_cast<int>(threadIdx.x) - (kThreads - kStampSlots), seq);
 }
 
 /// Waits for `p` to carry call `seq`; returns its value, or -1 after recording a timeout / overrun (or when
@@ -359,9 +375,9 @@ __device__ __forceinline__ bool AllSignalsPeeked(const LlDeviceContext& c, int h
 /// for both. The caller synchronises the CTA before reading values.
 __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
                                int64_t* wait_stats, int* values, int* failed, bool peeked) {
-  // Metrics: the binning CTA's thread bins earlier operations' latencies meanwhile (BinsMetrics), and CTA 0 accounts
+  // Metrics: the binning CTA's threads bin earlier operations' latencies meanwhile (BinsMetrics), and CTA 0 accounts
   // the waits.
-  if (BinsMetrics(c)) BinFinishedOps(c, seq);
+  ReceiveBinning(c, seq);
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     int64_t v;
@@ -418,7 +434,7 @@ __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op
     for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
       values[src] = static_cast<int>(protocol::SignalValue(g_peeked_signals[half][src]));
     }
-    if (BinsMetrics(c)) BinFinishedOps(c, seq);
+    ReceiveBinning(c, seq);
     return;
   }
   WaitAllSources(c, op, half, seq, max_value, wait_stats, values, failed, peeked);
