@@ -60,7 +60,9 @@ def main():
     init_gloo(0, 1, free_port(), 60)
     dev = torch.device('cuda', 0)
     torch.cuda.set_device(dev)
-    T_top = max(args.tokens)
+    # The buffer's T_max: the largest T, rounded up to a multiple of 4 (one rank: R * T_max % 4 == 0, the scale
+    # tensor's alignment rule), so `--tokens 1` runs instead of being refused.
+    T_top = -(-max(args.tokens) // 4) * 4
     buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, 1, E),
                       low_latency_mode=True, explicitly_destroy=True)
     for T in args.tokens:
