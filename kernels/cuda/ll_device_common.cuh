@@ -205,8 +205,9 @@ __device__ __forceinline__ void StampMax(uint64_t* p) {
 /// (so it finished: stream order) and it is not call `except` (the caller's own). A slot qualifies when its owner's
 /// send and receive both stamped it (recv_seq == seq) and it is not binned yet. Stamps that do not make sense (an
 /// operation cut short by an error) are dropped rather than binned. The slot's words load together, all used before
-/// the first branch: one round trip. (One thread binning the four slots with loads that waited for the previous
-/// slot's check took 2 us, the tail of a small-T dispatch receive: bench/RESULTS.md session 28.)
+/// the first branch: one round trip. (One thread walking the four slots, each slot's loads after the previous slot's
+/// check, held the binning CTA's plan until 4.4-4.5 us of a 6 us dispatch receive at T <= 8, 3.5 us with this:
+/// bench/RESULTS.md session 28.)
 __device__ __forceinline__ void BinFinishedOp(const LlDeviceContext& c, int i, uint32_t except) {
   OpStamps& slot = c.stamps[i];
   const auto* w = reinterpret_cast<const unsigned long long*>(&slot);
