@@ -7,7 +7,9 @@
 #   scripts/gpu_sbs_rounds.sh [NAME=TREE[:VAR=VALUE[:VAR=VALUE...]] ...]      (default: base=.base new=new)
 #
 # TREE is "new" (the working tree) or a directory holding a copy of the sources, made on the development machine and
-# carried: `rm -rf .base && git archive REV --prefix=.base/ | tar -x` (.base, .base2, ...: git-ignored). VAR=VALUE
+# carried: `rm -rf .base && git archive REV --prefix=.base/ | tar -x` (.base, .base2, ...: git-ignored); to change such a
+# copy use `patch -p1 -d .base2 < FILE` — `git apply` run inside the repository skips paths outside the current folder,
+# so in .base2 it applies nothing and the variant silently equals its base (bench/RESULTS.md session 28). VAR=VALUE
 # pairs set the variant's environment, e.g. off=new:LLEP_METRICS=0. Carry .debs (scripts/fetch_gpu_debs.sh) and the
 # trees named. scripts/gpu_side_by_side.sh is the one-round front end of this script.
 #   LLEP_ROUNDS          rounds (default 3)
