@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ll_side_by_side import E, H, _inputs, _System, _t_max  # bench/ll_side_by_side.py
-from local_group import free_port, init_gloo  # bench/local_group.py
+from ll_side_by_side import E, H, _inputs, _System  # bench/ll_side_by_side.py
+from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 
 def main():
@@ -30,7 +30,7 @@ def main():
     dev = torch.device('cuda', 0)
     torch.cuda.set_device(dev)
     T = args.tokens
-    T_max = _t_max(T, 1)
+    T_max = buffer_tokens(T, 1)
     sysm = _System(args.system, dist.group.WORLD, 1, T_max)
     x, topk, w = _inputs(0, T, dev)
     y = torch.randn((E, T_max, H), device=dev).to(torch.bfloat16)

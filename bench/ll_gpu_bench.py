@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 import llep
 from kernel_times import kernel_times
-from local_group import free_port, init_gloo  # bench/local_group.py
+from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 
@@ -78,18 +78,9 @@ def _inputs(rank, T, dev):
     return x, topk, w
 
 
-def _buffer_tokens(T, R):
-    """num_max_dispatch_tokens_per_rank for T tokens: llep needs R * T_max to be a multiple of 4 (column-major
-    scales stay 16-byte aligned), so e.g. T=1 on 2 ranks runs in a buffer sized for 2."""
-    t = T
-    while (R * t) % 4:
-        t += 1
-    return t
-
-
 def _bench_llep(buf, rank, R, T, dev, iters):
     x, topk, w = _inputs(rank, T, dev)
-    T_max = _buffer_tokens(T, R)
+    T_max = buffer_tokens(T, R)
     # Correctness gate: counts must equal the routed counts.
     recv, count, handle, _, _ = buf.low_latency_dispatch(x, topk, T_max, E)
     all_topk = [torch.empty_like(topk.cpu()) for _ in range(R)]
@@ -255,7 +246,7 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines, proxy):
     buf._options['num_ctas'] = num_ctas  # 0 = one CTA per SM
     rows = []
     for T in Ts:
-        buf.clean_low_latency_buffer(_buffer_tokens(T, R), H, E)
+        buf.clean_low_latency_buffer(buffer_tokens(T, R), H, E)
         r = _bench_llep(buf, rank, R, T, dev, iters)
         for line in r.pop('trace'):
             print(f'[rank {rank}] trace T={T} {line} (µs: median/max over CTAs)', flush=True)
@@ -276,7 +267,7 @@ def _worker(rank, R, port, Ts, iters, json_path, num_ctas, baselines, proxy):
         pbuf._options['num_ctas'] = num_ctas
         for r in rows:
             T = r['T']
-            pbuf.clean_low_latency_buffer(_buffer_tokens(T, R), H, E)
+            pbuf.clean_low_latency_buffer(buffer_tokens(T, R), H, E)
             pr = _bench_llep(pbuf, rank, R, T, dev, max(20, iters // 4))
             pr.pop('trace')
             pr = {k: _max_over_ranks(v) for k, v in pr.items() if k.endswith('_us')}

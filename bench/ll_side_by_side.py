@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kernel_times import kernel_times  # bench/kernel_times.py
-from local_group import free_port, init_gloo  # bench/local_group.py
+from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
@@ -51,13 +51,6 @@ COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph',
            'cpu_d_dd', 'cpu_c_dd')
 GRAPH_ROUND_TRIPS = 16
 
-
-
-def _t_max(T, R):
-    t = T
-    while (R * t) % 4:
-        t += 1
-    return t
 
 
 def _inputs(rank, T, dev):
@@ -289,8 +282,8 @@ def _worker(rank, R, port, Ts, iters, systems, json_path):
     dev = torch.device('cuda', rank % ngpu)
     init_gloo(rank, R, port, 300)
     group = dist.group.WORLD
-    T_top = max(_t_max(T, R) for T in Ts)
-    rows = {T: {'T': T, 'T_max': _t_max(T, R), 'deepep_refuses_T': _t_max(T, R) != T} for T in Ts}
+    T_top = max(buffer_tokens(T, R) for T in Ts)
+    rows = {T: {'T': T, 'T_max': buffer_tokens(T, R), 'deepep_refuses_T': buffer_tokens(T, R) != T} for T in Ts}
     notes = {}
     objs = {}
     for name in systems:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_times import kernel_times  # bench/kernel_times.py
-from local_group import free_port, init_gloo  # bench/local_group.py
+from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
 # kernels/cuda/ll_kernels.h TracePoint, in its order
@@ -60,9 +60,7 @@ def main():
     init_gloo(0, 1, free_port(), 60)
     dev = torch.device('cuda', 0)
     torch.cuda.set_device(dev)
-    # The buffer's T_max: the largest T, rounded up to a multiple of 4 (one rank: R * T_max % 4 == 0, the scale
-    # tensor's alignment rule), so `--tokens 1` runs instead of being refused.
-    T_top = -(-max(args.tokens) // 4) * 4
+    T_top = buffer_tokens(max(args.tokens), 1)  # so `--tokens 1` runs instead of being refused
     buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, 1, E),
                       low_latency_mode=True, explicitly_destroy=True)
     for T in args.tokens:
