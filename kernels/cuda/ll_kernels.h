@@ -76,7 +76,7 @@ enum TracePoint : int {
 /// publishing CTAs and every CTA at the end of its receive work store their time with a max-reduction (no reset is
 /// needed between uses of a slot: a later operation's times are larger). Every stamp is a store or a fire-and-forget
 /// reduction: none loads first, so none delays its CTA. The latencies are binned by the receive phase of a later
-/// operation (one thread of the binning CTA, BinsMetrics), when every launch before it has finished, or by
+/// operation (the binning CTA's BinsMetrics threads, a slot each), when every launch before it has finished, or by
 /// FlushLlMetrics. The ring of 4 is enough: a send on slot s % 4 needs call s - 2 received (the in-flight rule), whose
 /// receive launch came after call s - 4's and bins it.
 struct OpStamps {
