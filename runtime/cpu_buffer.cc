@@ -179,6 +179,12 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   op.seq_ = seq;
   op.op_ = LlOp::kDispatch;
   op.dispatch_ = call;
+  if (call.topk_weights != nullptr) {
+    // The oldest of the two kept slots gives way (a third dispatch in flight is refused by BeginSend).
+    KeptWeights& k = sent_weights_[sent_weights_[0].plan_key < sent_weights_[1].plan_key ? 0 : 1];
+    k.plan_key = call.plan_key;
+    k.w.assign(call.topk_weights, call.topk_weights + static_cast<size_t>(call.num_tokens) * call.num_topk);
+  }
   const std::vector<uint8_t> masked = MaskForCall();
   if (!kernels::DispatchSendHost(Context(&masked), {&call, &dispatch_plan_, seq})) {
     return base::Annotate(proxy_->status(), "dispatch send aborted");
@@ -198,6 +204,27 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   LLEP_RETURN_IF_ERROR(ValidateTopk(shape, call.topk_idx, call.num_tokens, call.num_topk));
   LLEP_RETURN_IF_ERROR(ValidateLayoutRange(shape, call.layout_range));
   absl::MutexLock lock(&mu_);
+  const kernels::ExpertSidePlan* expert_plan = nullptr;
+  if (call.expert_reduced) {
+    for (const kernels::ExpertSidePlan& p : expert_plans_) {
+      if (call.plan_key != 0 && p.plan_key == call.plan_key) expert_plan = &p;
+    }
+    const KeptWeights* sent = nullptr;
+    for (const KeptWeights& k : sent_weights_) {
+      if (call.plan_key != 0 && k.plan_key == call.plan_key) sent = &k;
+    }
+    if (expert_plan == nullptr || sent == nullptr) {
+      return absl::FailedPreconditionError(
+          "combine of a dispatch that carried topk_weights: that dispatch's messages are no longer kept (two later "
+          "dispatches replaced them, or it was not received); combine each handle before the second dispatch after it");
+    }
+    if (sent->w.size() != static_cast<size_t>(call.num_tokens) * call.num_topk ||
+        !std::equal(sent->w.begin(), sent->w.end(), call.topk_weights)) {
+      return absl::InvalidArgumentError(
+          "combine topk_weights differ from the topk_weights its dispatch carried (the experts' ranks reduced with "
+          "those): pass the same weights to both");
+    }
+  }
   LLEP_ASSIGN_OR_RETURN(const uint32_t seq, BeginSend(LlOp::kCombine));
   PendingOp op;
   op.send_start_ns_ = NowNs();
@@ -207,7 +234,7 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   op.plan_ = std::make_unique<kernels::RoutePlan>();
   kernels::BuildRoutePlan(shape, call.topk_idx, call.num_tokens, call.num_topk, op.plan_.get());
   const std::vector<uint8_t> masked = MaskForCall();
-  if (!kernels::CombineSendHost(Context(&masked), {&call, seq})) {
+  if (!kernels::CombineSendHost(Context(&masked), {&call, seq, expert_plan})) {
     return base::Annotate(proxy_->status(), "combine send aborted");
   }
   op.send_end_ns_ = NowNs();
@@ -328,8 +355,15 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   const DispatchCall& c = op.dispatch_;
   std::vector<uint32_t> tokens;
   LLEP_RETURN_IF_ERROR(WaitForSignals(op, &tokens, c.wait_recv_cost_stats));
-  const std::string err = kernels::DispatchRecvHost(Context(&op.masked_), {&c, op.seq_, tokens.data()});
+  kernels::ExpertSidePlan received;
+  const std::string err = kernels::DispatchRecvHost(
+      Context(&op.masked_), {&c, op.seq_, tokens.data(), c.topk_weights != nullptr ? &received : nullptr});
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
+  if (c.topk_weights != nullptr) {
+    absl::MutexLock lock(&mu_);
+    kernels::ExpertSidePlan& slot = expert_plans_[expert_plans_[0].plan_key < expert_plans_[1].plan_key ? 0 : 1];
+    slot = std::move(received);
+  }
   if (op.barrier_) return absl::OkStatus();
   AddMetrics([&](std::vector<uint64_t>& m) {
     for (int le = 0; le < layout_.shape.num_local_experts(); ++le) {
@@ -345,10 +379,12 @@ absl::Status CpuBuffer::ReceiveCombine(PendingOp& op) {
   LLEP_RETURN_IF_ERROR(WaitForSignals(op, &rows, c.wait_recv_cost_stats));
   for (int src = 0; src < layout_.shape.num_ranks; ++src) {
     if (!op.masked_.empty() && op.masked_[src] != 0) continue;  // its rows are dropped from the sum
-    if (rows[src] != static_cast<uint32_t>(op.plan_->rows_per_dst[src])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "combine call ", op.seq_, ": rank ", src, " returned ", rows[src], " rows but this rank's topk_idx selects ",
-          op.plan_->rows_per_dst[src], " of its experts; combine needs the topk_idx of the matching dispatch"));
+    // Expert-side reduction: one row per token with a selection on src; otherwise one per selection.
+    const int32_t expected = c.expert_reduced ? op.plan_->tokens_per_dst[src] : op.plan_->rows_per_dst[src];
+    if (rows[src] != static_cast<uint32_t>(expected)) {
+      return absl::InvalidArgumentError(absl::StrCat("combine call ", op.seq_, ": rank ", src, " returned ", rows[src],
+                                                     " rows but this rank's topk_idx expects ", expected,
+                                                     "; combine needs the topk_idx of the matching dispatch"));
     }
   }
   kernels::CombineRecvHost(Context(&op.masked_), {&c, op.plan_.get(), op.seq_});

@@ -13,6 +13,7 @@
 // detected (sequence check) and reported as DataLoss instead of being read.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -155,6 +156,15 @@ class CpuBuffer {
   mutable absl::Mutex mu_;
   CallSequence calls_ ABSL_GUARDED_BY(mu_);                // sequence numbers and the in-flight rule
   kernels::RoutePlan dispatch_plan_ ABSL_GUARDED_BY(mu_);  // reused across dispatches (send phase only)
+  // Dispatches that carried topk_weights (kernels/EXPERT_SIDE_COMBINE.md), the last two by plan key: as expert rank
+  // the messages each received (its combine reduces them), as home rank the weights each sent (its combine's
+  // topk_weights must equal them).
+  struct KeptWeights {
+    uint64_t plan_key = 0;
+    std::vector<float> w;
+  };
+  std::array<kernels::ExpertSidePlan, 2> expert_plans_ ABSL_GUARDED_BY(mu_);
+  std::array<KeptWeights, 2> sent_weights_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   protocol::MetricsLayout metrics_layout_;
   mutable absl::Mutex metrics_mu_;

@@ -86,6 +86,11 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream, bool raise_recove
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
   LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call, options_.metrics_layers));
+  if (call.topk_weights != nullptr) {
+    return absl::UnimplementedError(
+        "topk_weights at dispatch (the combine reduced at the expert side) runs on the CPU backend only so far "
+        "(kernels/EXPERT_SIDE_COMBINE.md)");
+  }
   GpuPendingOp op;
   op.op = LlOp::kDispatch;
   static_cast<DispatchCall&>(op.dispatch) = call;
@@ -95,6 +100,8 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool 
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool split, cudaStream_t stream) {
   LLEP_RETURN_IF_ERROR(ValidateCombineCall(layout_.shape, call));
+  if (call.expert_reduced)
+    return absl::UnimplementedError("the expert-side combine runs on the CPU backend only so far");
   GpuPendingOp op;
   op.op = LlOp::kCombine;
   static_cast<CombineCall&>(op.combine) = call;

@@ -225,10 +225,12 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
       h->src_token_idx = t;
       h->version = protocol::kDispatchMsgVersion;
       h->seq = a.seq;
-      h->flags = fp8 ? protocol::kMsgFlagFp8 : 0;
+      h->flags = (fp8 ? protocol::kMsgFlagFp8 : 0) | (call.topk_weights != nullptr ? protocol::kMsgFlagWeights : 0);
+      auto* w = reinterpret_cast<float*>(ctx.local_base + L.RouteWeightsOffset(L.RouteSendOffset(half, d), j));
       for (int k = 0; k < plan.num_topk; ++k) {
         const RouteEntry& e = plan.at(t, k);
         if (e.dst_rank != d) continue;
+        if (call.topk_weights != nullptr) w[h->num_sel] = call.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
         h->sel[h->num_sel++] =
             protocol::PackSelection(static_cast<uint32_t>(e.local_expert), static_cast<uint32_t>(e.row_in_block));
       }
@@ -241,9 +243,16 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
     const int n = plan.tokens_per_dst[d];
     const int64_t route_bytes = protocol::RouteBlockUsedBytes(L.shape, n);
     const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(n));
+    // The messages' weights rows (a dispatch that carries topk_weights): one contiguous run of n rows.
+    const int64_t weights_bytes = call.topk_weights != nullptr ? n * protocol::RouteWeightsRowBytes() : 0;
+    const int64_t weights_from = L.RouteWeightsOffset(L.RouteSendOffset(half, d), 0);
+    const int64_t weights_to = L.RouteWeightsOffset(L.RouteRecvOffset(half, ctx.rank), 0);
     if (peer.direct_base != nullptr) {
       std::memcpy(peer.direct_base + L.RouteRecvOffset(half, ctx.rank), ctx.local_base + L.RouteSendOffset(half, d),
                   static_cast<size_t>(route_bytes));
+      if (weights_bytes > 0) {
+        std::memcpy(peer.direct_base + weights_to, ctx.local_base + weights_from, static_cast<size_t>(weights_bytes));
+      }
       for (int t = 0; t < plan.num_tokens; ++t) {
         const int32_t j = plan.slot[static_cast<size_t>(t) * R + d];
         if (j < 0) continue;
@@ -254,7 +263,8 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
       continue;
     }
     if (!PushWrite(peer, LlOp::kDispatch, half, d, L.RouteSendOffset(half, d), L.RouteRecvOffset(half, ctx.rank),
-                   route_bytes)) {
+                   route_bytes) ||
+        (weights_bytes > 0 && !PushWrite(peer, LlOp::kDispatch, half, d, weights_from, weights_to, weights_bytes))) {
       return false;
     }
     int run_t = -1, run_j = -1, run_len = 0;
@@ -324,6 +334,10 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
   }
 
   std::vector<uint32_t> seen(static_cast<size_t>(R) * E_loc, 0);
+  if (a.expert_plan != nullptr) {
+    a.expert_plan->plan_key = call.plan_key;
+    a.expert_plan->by_src.assign(static_cast<size_t>(R), {});
+  }
   for (int src = 0; src < R; ++src) {
     if (IsMasked(ctx, src)) continue;
     const int64_t blk = L.RouteRecvOffset(half, src);
@@ -338,9 +352,20 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
                " (slot overwritten: more low-latency calls in flight than allowed)";
       }
       if (((h->flags & protocol::kMsgFlagFp8) != 0) != fp8) return where() + ": ranks disagree on use_fp8";
+      if (((h->flags & protocol::kMsgFlagWeights) != 0) != (call.topk_weights != nullptr)) {
+        return where() + ": ranks disagree on passing topk_weights to the dispatch";
+      }
       if (h->num_sel == 0 || h->num_sel > protocol::kMaxTopK) return where() + ": bad selection count";
       if (h->src_token_idx < 0 || h->src_token_idx >= T) return where() + ": token index out of range";
       const uint8_t* payload = ctx.local_base + L.DispatchRecvOffset(half, src, static_cast<int>(j), fp8);
+      ExpertSidePlan::Message* kept = nullptr;
+      if (a.expert_plan != nullptr) {
+        kept = &a.expert_plan->by_src[static_cast<size_t>(src)].emplace_back();
+        kept->token = h->src_token_idx;
+        kept->n = h->num_sel;
+        std::memcpy(kept->w, ctx.local_base + L.RouteWeightsOffset(blk, static_cast<int>(j)),
+                    sizeof(float) * h->num_sel);
+      }
       for (int i = 0; i < h->num_sel; ++i) {
         const uint32_t le = protocol::SelectionExpert(h->sel[i]), r = protocol::SelectionRow(h->sel[i]);
         if (le >= static_cast<uint32_t>(E_loc) || r >= cnt[static_cast<size_t>(src) * E_loc + le]) {
@@ -348,6 +373,7 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
         }
         ++seen[static_cast<size_t>(src) * E_loc + le];
         const int64_t row = begin[static_cast<size_t>(src) * E_loc + le] + r;
+        if (kept != nullptr) kept->row[i] = le * rows + row;
         call.src_info[le * rows + row] = h->src_token_idx;
         if (!fp8) {
           std::memcpy(static_cast<uint16_t*>(call.recv_x) + (le * rows + row) * H, payload, static_cast<size_t>(H) * 2);
@@ -377,7 +403,67 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
   return "";
 }
 
+namespace {
+
+// The expert-side combine's send: per message received from home rank d (ExpertSidePlan), its rows reduced in the
+// header's order with fmaf in fp32, rounded once, stored at the token's position of d's receive area (staged in
+// c_part and written in runs of consecutive tokens for a proxy destination). The signal counts the rows.
+bool CombineSendReducedHost(const HostRankContext& ctx, const CombineSendArgs& a) {
+  const protocol::LlLayout& L = ctx.layout;
+  const protocol::CombineCall& call = *a.call;
+  const ExpertSidePlan& plan = *a.expert_plan;
+  const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
+  const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
+  std::vector<float> acc(static_cast<size_t>(H));
+  for (int d = 0; d < R; ++d) {
+    if (IsMasked(ctx, d)) continue;
+    const HostPeer& peer = ctx.peers[d];
+    const std::vector<ExpertSidePlan::Message>& msgs = plan.by_src[static_cast<size_t>(d)];
+    int run_t = -1, run_len = 0;
+    const auto flush = [&]() {
+      if (run_len == 0) return true;
+      const bool ok =
+          PushWrite(peer, LlOp::kCombine, half, d, L.CombinePartOffset(half, d, run_t),
+                    L.CombineRecvOffset(half, ctx.rank, run_t), (run_len - 1) * L.combine_stride + row_bytes);
+      run_len = 0;
+      return ok;
+    };
+    for (const ExpertSidePlan::Message& m : msgs) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int i = 0; i < m.n; ++i) {
+        const int64_t le = m.row[i] / rows, r = m.row[i] % rows;
+        const auto* x = !call.zero_copy ? call.x + m.row[i] * H
+                                        : reinterpret_cast<const uint16_t*>(
+                                              ctx.local_base + L.CombineSendOffset(half, static_cast<int>(le), r));
+        AccumulateWeightedRow(acc.data(), x, m.w[i], H);
+      }
+      uint8_t* to = peer.direct_base != nullptr ? peer.direct_base + L.CombineRecvOffset(half, ctx.rank, m.token)
+                                                : ctx.local_base + L.CombinePartOffset(half, d, m.token);
+      auto* out = reinterpret_cast<uint16_t*>(to);
+      for (int c = 0; c < H; ++c) out[c] = FloatToBf16(acc[c]);
+      if (peer.direct_base != nullptr) continue;
+      if (run_len > 0 && m.token == run_t + run_len) {
+        ++run_len;
+        continue;
+      }
+      if (!flush()) return false;
+      run_t = m.token, run_len = 1;
+    }
+    if (peer.direct_base == nullptr && !flush()) return false;
+    const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(msgs.size()));
+    if (peer.direct_base != nullptr) {
+      StoreSignalRelease(peer.direct_base, L.SignalOffset(half, LlOp::kCombine, ctx.rank), signal);
+    } else if (!PushSignal(peer, LlOp::kCombine, half, d, signal)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
+  if (a.call->expert_reduced) return CombineSendReducedHost(ctx, a);
   const protocol::LlLayout& L = ctx.layout;
   const protocol::CombineCall& call = *a.call;
   const int half = protocol::HalfOfSeq(a.seq), R = L.shape.num_ranks, H = L.shape.hidden;
@@ -425,9 +511,23 @@ void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a) {
   const int half = protocol::HalfOfSeq(a.seq), H = L.shape.hidden;
   const RoutePlan& plan = *a.plan;
   std::vector<float> acc(static_cast<size_t>(H));
+  std::vector<uint8_t> holds(static_cast<size_t>(L.shape.num_ranks));
   for (int t = 0; t < plan.num_tokens; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int k = 0; k < plan.num_topk; ++k) {
+    if (call.expert_reduced) {
+      // One partial row per expert rank holding a selection of t, at position t, summed in ascending rank order.
+      std::fill(holds.begin(), holds.end(), 0);
+      for (int k = 0; k < plan.num_topk; ++k) {
+        const int r = plan.at(t, k).dst_rank;
+        if (r >= 0 && !IsMasked(ctx, r)) holds[static_cast<size_t>(r)] = 1;
+      }
+      for (int r = 0; r < L.shape.num_ranks; ++r) {
+        if (holds[static_cast<size_t>(r)] == 0) continue;
+        AccumulateWeightedRow(
+            acc.data(), reinterpret_cast<const uint16_t*>(ctx.local_base + L.CombineRecvOffset(half, r, t)), 1.0f, H);
+      }
+    }
+    for (int k = 0; k < plan.num_topk && !call.expert_reduced; ++k) {
       const RouteEntry& e = plan.at(t, k);
       if (e.dst_rank < 0 || IsMasked(ctx, e.dst_rank)) continue;
       const float w = call.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];

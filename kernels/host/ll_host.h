@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/host/route_plan.h"
 #include "runtime/protocol/fifo_ring.h"
@@ -47,10 +48,24 @@ struct DispatchSendArgs {
 /// Returns false only if a ring push was aborted (proxy failure); the caller reports the proxy's error.
 bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a);
 
+/// The messages one dispatch received, kept for its combine when the dispatch carried topk_weights: the combine
+/// reduces each message's rows at this (expert) rank and returns one row per message (kernels/EXPERT_SIDE_COMBINE.md).
+struct ExpertSidePlan {
+  struct Message {
+    int32_t token = 0;                     ///< the token's index on its home rank (the source)
+    int32_t n = 0;                         ///< selections on this rank
+    int64_t row[protocol::kMaxTopK] = {};  ///< local expert * (R*T) + row of recv_x, in the header's (top-k) order
+    float w[protocol::kMaxTopK] = {};
+  };
+  uint64_t plan_key = 0;
+  std::vector<std::vector<Message>> by_src;  ///< [R]: the source's messages, in slot order
+};
+
 struct DispatchRecvArgs {
   const protocol::DispatchCall* call = nullptr;  ///< mode and the outputs (recv_x ... statistics) are used
   uint32_t seq = 0;
   const uint32_t* tokens_from_src = nullptr;  ///< [R] value of each source's signal word.
+  ExpertSidePlan* expert_plan = nullptr;      ///< filled when the call carries topk_weights
 };
 
 /// Unpacks all sources' messages (their signals must have been observed) into the packed layout:
@@ -62,9 +77,11 @@ struct CombineSendArgs {
   const protocol::CombineCall* call = nullptr;  ///< x (unless zero_copy: rows already in c_send of this half) and
                                                 ///< layout_range (validated by the caller) are read
   uint32_t seq = 0;
+  const ExpertSidePlan* expert_plan = nullptr;  ///< the handle's dispatch's, when call->expert_reduced
 };
 
-/// Returns each valid row to its home rank at the position route_plan.h defines. False only if aborted.
+/// Returns each valid row to its home rank at the position route_plan.h defines; with call->expert_reduced, one
+/// partial row per received message instead (ExpertSidePlan), at the token's position. False only if aborted.
 bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a);
 
 struct CombineRecvArgs {
@@ -73,7 +90,8 @@ struct CombineRecvArgs {
   uint32_t seq = 0;
 };
 
-/// out[t] = bf16(sum_k w[t][k] * row(t, k)) accumulated with fmaf in fp32 in top-k order, -1 slots skipped.
+/// out[t] = bf16(sum_k w[t][k] * row(t, k)) accumulated with fmaf in fp32 in top-k order, -1 slots skipped; with
+/// call->expert_reduced, out[t] = bf16(sum_r part_r(t)) over the ranks r holding one of t's selections, ascending.
 void CombineRecvHost(const HostRankContext& ctx, const CombineRecvArgs& a);
 
 /// acc[c] = fmaf(bf16(row[c]), w, acc[c]) for c < n: one top-k term of the combine sum, correctly rounded.

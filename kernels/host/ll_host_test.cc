@@ -137,6 +137,92 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   }
 }
 
+// combine_weights at dispatch (kernels/EXPERT_SIDE_COMBINE.md): the weights travel in the route blocks, each expert
+// rank reduces a message's rows in its header's order and returns one row per (token, rank), and the home rank sums
+// the ranks' rows in ascending rank order. Bit for bit against that order, with identity experts.
+TEST(LlHostTest, ExpertReducedCombineIsExactInItsOrder) {
+  const LlShape s{8, 256, 8, 4};
+  const int K = 4, E_loc = 2;
+  const int64_t rows = s.max_recv_rows();
+  World w(s);
+  std::mt19937 rng(29);
+  std::vector<Inputs> in;
+  std::vector<RoutePlan> plans(s.num_ranks);
+  const protocol::DispatchMode mode{false, false, false};
+  for (int r = 0; r < s.num_ranks; ++r) {
+    in.push_back(Random(s, 6 + r % 2, K, &rng));
+    BuildRoutePlan(s, in[r].topk.data(), 6 + r % 2, K, &plans[r]);
+    protocol::DispatchCall call = SendCall(in[r].x.data(), mode);
+    call.topk_weights = in[r].w.data();
+    ASSERT_TRUE(DispatchSendHost(w.Ctx(r), {&call, &plans[r], 1}));
+  }
+  std::vector<std::vector<uint16_t>> recv_x(s.num_ranks, std::vector<uint16_t>(E_loc * rows * s.hidden));
+  std::vector<std::vector<int64_t>> lr(s.num_ranks, std::vector<int64_t>(E_loc * s.num_ranks));
+  std::vector<ExpertSidePlan> kept(s.num_ranks);
+  for (int me = 0; me < s.num_ranks; ++me) {
+    std::vector<uint32_t> tokens(s.num_ranks);
+    for (int src = 0; src < s.num_ranks; ++src) tokens[src] = static_cast<uint32_t>(plans[src].tokens_per_dst[me]);
+    std::vector<int32_t> count(E_loc), src_info(E_loc * rows);
+    protocol::DispatchCall call;
+    call.mode = mode;
+    call.topk_weights = in[me].w.data();  // this rank's own call carries weights too
+    call.recv_x = recv_x[me].data();
+    call.recv_count = count.data();
+    call.src_info = src_info.data();
+    call.layout_range = lr[me].data();
+    ASSERT_EQ(DispatchRecvHost(w.Ctx(me), {&call, 1, tokens.data(), &kept[me]}), "");
+    for (int src = 0; src < s.num_ranks; ++src) {
+      ASSERT_EQ(kept[me].by_src[src].size(), tokens[src]);
+      for (const ExpertSidePlan::Message& m : kept[me].by_src[src]) {
+        for (int i = 0; i < m.n; ++i) {  // each kept row holds its token, and its weight is the token's
+          EXPECT_EQ(std::memcmp(&recv_x[me][m.row[i] * s.hidden], &in[src].x[m.token * s.hidden], s.hidden * 2), 0);
+          bool found = false;
+          for (int k = 0; k < K; ++k) found |= in[src].w[m.token * K + k] == m.w[i];
+          EXPECT_TRUE(found);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < s.num_ranks; ++r) {
+    protocol::CombineCall call;
+    call.x = recv_x[r].data();
+    call.layout_range = lr[r].data();
+    call.expert_reduced = true;
+    ASSERT_TRUE(CombineSendHost(w.Ctx(r), {&call, 2, &kept[r]}));
+  }
+  for (int r = 0; r < s.num_ranks; ++r) {
+    const int n = 6 + r % 2;
+    for (int d = 0; d < s.num_ranks; ++d) {  // one row per token with a selection on d
+      const uint64_t word =
+          *reinterpret_cast<uint64_t*>(w.regions[r].get() + w.layout.SignalOffset(0, protocol::LlOp::kCombine, d));
+      EXPECT_EQ(protocol::SignalValue(word), static_cast<uint32_t>(plans[r].tokens_per_dst[d]));
+    }
+    std::vector<uint16_t> out(n * s.hidden, 0xFFFF);
+    protocol::CombineCall call;
+    call.topk_weights = in[r].w.data();
+    call.out = out.data();
+    call.expert_reduced = true;
+    CombineRecvHost(w.Ctx(r), {&call, &plans[r], 2});
+    for (int t = 0; t < n; ++t) {
+      for (int c = 0; c < s.hidden; ++c) {
+        float acc = 0;
+        for (int d = 0; d < s.num_ranks; ++d) {
+          float part = 0;
+          bool any = false;
+          for (int k = 0; k < K; ++k) {
+            const int64_t g = in[r].topk[t * K + k];
+            if (g < 0 || g / E_loc != d) continue;
+            part = std::fmaf(Bf16ToFloat(in[r].x[t * s.hidden + c]), in[r].w[t * K + k], part);
+            any = true;
+          }
+          if (any) acc += Bf16ToFloat(FloatToBf16(part));
+        }
+        ASSERT_EQ(out[t * s.hidden + c], FloatToBf16(acc)) << "rank " << r << " token " << t << " channel " << c;
+      }
+    }
+  }
+}
+
 /// Call 3 (half 1): rank 0 sends token 0 to rank 1, the other ranks send no tokens; `tamper` edits the route block
 /// rank 1 got from rank 0, then rank 1 receives: the error.
 template <typename Tamper>

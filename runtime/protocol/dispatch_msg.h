@@ -31,6 +31,9 @@ LLEP_HD constexpr uint32_t SelectionExpert(uint32_t sel) { return sel >> kSelRow
 LLEP_HD constexpr uint32_t SelectionRow(uint32_t sel) { return sel & kSelRowMask; }
 
 inline constexpr uint32_t kMsgFlagFp8 = 1u << 0;
+/// The message's weights row (ll_layout.h RouteWeightsOffset) holds its selections' weights: the dispatch carried
+/// topk_weights, so its combine reduces at the expert side (kernels/EXPERT_SIDE_COMBINE.md).
+inline constexpr uint32_t kMsgFlagWeights = 1u << 1;
 
 /// A route block starts with one count word per local expert: how many of the source's selections go to it, tagged
 /// with the call's sequence number exactly as a signal word is ([63:32] seq, [31:0] count; signal.h). The tag lets a

@@ -16,6 +16,9 @@ namespace llep::protocol {
 struct DispatchCall {
   const uint16_t* x = nullptr;        ///< bf16 [num_tokens, H]
   const int64_t* topk_idx = nullptr;  ///< [num_tokens, num_topk], -1 = no expert
+  /// Optional fp32 [num_tokens, num_topk] (llep keyword): carried to the expert ranks, whose combine then reduces a
+  /// token's rows there and returns one row per (token, rank) (kernels/EXPERT_SIDE_COMBINE.md). Null: DeepEP's combine.
+  const float* topk_weights = nullptr;
   int num_tokens = 0;
   int num_topk = 0;
   DispatchMode mode;
@@ -45,6 +48,9 @@ struct CombineCall {
   uint16_t* out = nullptr;                  ///< bf16 [num_tokens, H]
   int64_t* wait_recv_cost_stats = nullptr;  ///< optional [R], ns, accumulated
   uint64_t plan_key = 0;  ///< the handle's dispatch's DispatchCall::plan_key (0: unknown; the GPU backend counts)
+  /// The handle's dispatch carried topk_weights: reduce at the expert side. topk_weights must hold the same values
+  /// (checked by the receive against the ones the dispatch kept).
+  bool expert_reduced = false;
 };
 
 }  // namespace llep::protocol

@@ -13,10 +13,12 @@
 //   d_recv    [src][T]   dispatch payloads received from each source           read by dispatch receive
 //   c_send    [le][R*T]  combine rows; DeepEP's zero-copy buffer (get_next_low_latency_combine_buffer)
 //   c_recv    [src][P]   combine rows received from each expert rank, P = T * min(kMaxTopK, E/R)
-// A route block is [E/R uint64 count words (PackRouteCount), padded to 16 B][T DispatchTokenHeader]. Each region starts
+//   c_part    [dst][T]   an expert-side combine's partial rows staged for proxy destinations (EXPERT_SIDE_COMBINE.md)
+// A route block is [E/R uint64 count words (PackRouteCount), padded to 16 B][T DispatchTokenHeader][T x kMaxTopK fp32
+// weights, written only by a dispatch that carries them]. Each region starts
 // on a kRegionAlign boundary. Size per half (PS = DispatchPayloadStrideMax, CS = CombineRowStride, RB = route block):
-//   A(80R) + A(T*PS) + 2*A(R*RB) + A(R*T*PS) + A(E/R*R*T*CS) + A(R*P*CS),   A(x) = align_up(x, 256)
-// and the whole region is twice that. For T=128, H=7168, E=256, R=4 it is 1.21 GB (DeepEP V1: 1.91 GB),
+//   A(80R) + A(T*PS) + 2*A(R*RB) + A(R*T*PS) + A(E/R*R*T*CS) + A(R*P*CS) + A(R*T*CS),   A(x) = align_up(x, 256)
+// and the whole region is twice that. For T=128, H=7168, E=256, R=4 it is 1.23 GB (DeepEP V1: 1.91 GB),
 // because combine receives per (token, top-k slot) instead of per (token, global expert).
 #pragma once
 
@@ -56,9 +58,12 @@ LLEP_HD constexpr int64_t CombineRowsPerSource(const LlShape& s) {
 LLEP_HD constexpr int64_t RouteCountsBytes(const LlShape& s) {
   return AlignUp(static_cast<int64_t>(sizeof(uint64_t)) * s.num_local_experts(), 16);  // PackRouteCount words
 }
-/// Bytes of a whole route block (counts + T headers).
+/// Bytes of a route block's weights section: kMaxTopK fp32 per message slot (kernels/EXPERT_SIDE_COMBINE.md).
+LLEP_HD constexpr int64_t RouteWeightsRowBytes() { return int64_t{kMaxTopK} * 4; }
+/// Bytes of a whole route block (counts + T headers + T weight rows).
 LLEP_HD constexpr int64_t RouteBlockBytes(const LlShape& s) {
-  return RouteCountsBytes(s) + int64_t{s.max_tokens_per_rank} * static_cast<int64_t>(sizeof(DispatchTokenHeader));
+  return RouteCountsBytes(s) + int64_t{s.max_tokens_per_rank} * static_cast<int64_t>(sizeof(DispatchTokenHeader)) +
+         int64_t{s.max_tokens_per_rank} * RouteWeightsRowBytes();
 }
 /// Bytes of a route block that carries `num_tokens` headers (what a sender actually writes).
 LLEP_HD constexpr int64_t RouteBlockUsedBytes(const LlShape& s, int num_tokens) {
@@ -79,7 +84,7 @@ struct LlLayout {
   // Offsets inside a half.
   int64_t signals_off, inbox_off, outbox_off;
   int64_t d_payload_off, d_route_send_off, d_route_recv_off, d_recv_off;
-  int64_t c_send_off, c_recv_off;
+  int64_t c_send_off, c_recv_off, c_part_off;
   int64_t half_bytes;   // one half, aligned
   int64_t total_bytes;  // both halves
 
@@ -106,6 +111,13 @@ struct LlLayout {
   LLEP_HD constexpr int64_t RouteHeaderOffset(int64_t route_block_off, int slot) const {
     return route_block_off + route_counts_bytes + int64_t{slot} * static_cast<int64_t>(sizeof(DispatchTokenHeader));
   }
+  /// Offset of message `slot`'s weights row (its selections' weights, in header order) inside a route block that
+  /// starts at `route_block_off`: after all T headers, so a block carrying n headers stays one contiguous prefix.
+  LLEP_HD constexpr int64_t RouteWeightsOffset(int64_t route_block_off, int slot) const {
+    return route_block_off + route_counts_bytes +
+           int64_t{shape.max_tokens_per_rank} * static_cast<int64_t>(sizeof(DispatchTokenHeader)) +
+           int64_t{slot} * RouteWeightsRowBytes();
+  }
   /// Receive slots of one source are packed at the call's mode stride inside that source's T-slot area.
   LLEP_HD constexpr int64_t DispatchRecvOffset(int half, int src, int slot, bool use_fp8) const {
     return HalfBase(half) + d_recv_off + int64_t{src} * shape.max_tokens_per_rank * payload_stride_max +
@@ -116,6 +128,10 @@ struct LlLayout {
   }
   LLEP_HD constexpr int64_t CombineRecvOffset(int half, int src, int64_t pos) const {
     return HalfBase(half) + c_recv_off + (int64_t{src} * combine_rows_per_src + pos) * combine_stride;
+  }
+  /// An expert-side combine's partial row for home rank `dst`'s token `t`, staged for the proxy.
+  LLEP_HD constexpr int64_t CombinePartOffset(int half, int dst, int t) const {
+    return HalfBase(half) + c_part_off + (int64_t{dst} * shape.max_tokens_per_rank + t) * combine_stride;
   }
 };
 
@@ -150,6 +166,8 @@ LLEP_HD constexpr LlLayout ComputeLlLayout(const LlShape& s) {
   off += AlignUp(int64_t{s.num_local_experts()} * s.max_recv_rows() * l.combine_stride, kRegionAlign);
   l.c_recv_off = off;
   off += AlignUp(R * l.combine_rows_per_src * l.combine_stride, kRegionAlign);
+  l.c_part_off = off;
+  off += AlignUp(R * T * l.combine_stride, kRegionAlign);
   l.half_bytes = off;
   l.total_bytes = int64_t{kNumHalves} * off;
   return l;

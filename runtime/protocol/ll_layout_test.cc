@@ -30,7 +30,8 @@ std::vector<Region> Regions(const LlLayout& l) {
           {"d_route_recv", l.d_route_recv_off, R * l.route_block_bytes},
           {"d_recv", l.d_recv_off, R * T * l.payload_stride_max},
           {"c_send", l.c_send_off, s.num_local_experts() * s.max_recv_rows() * l.combine_stride},
-          {"c_recv", l.c_recv_off, R * l.combine_rows_per_src * l.combine_stride}};
+          {"c_recv", l.c_recv_off, R * l.combine_rows_per_src * l.combine_stride},
+          {"c_part", l.c_part_off, R * T * l.combine_stride}};
 }
 
 class LayoutTest : public ::testing::TestWithParam<LlShape> {};
@@ -58,9 +59,10 @@ TEST_P(LayoutTest, SizeMatchesDocumentedFormula) {
   const int64_t R = s.num_ranks, T = s.max_tokens_per_rank, H = s.hidden, E_loc = s.num_experts / s.num_ranks;
   const int64_t PS = std::max(AlignUp(H + H / 128 * 4, 16), 2 * H);
   const int64_t CS = AlignUp(2 * H + H / 128 * 4, 16);
-  const int64_t RB = AlignUp(8 * E_loc, 16) + T * (16 + 4 * kMaxTopK);
+  const int64_t RB = AlignUp(8 * E_loc, 16) + T * (16 + 4 * kMaxTopK) + T * 4 * kMaxTopK;  // counts, headers, weights
   const int64_t P = T * std::min<int64_t>(E_loc, kMaxTopK);
-  const int64_t half = A(80 * R) + A(T * PS) + 2 * A(R * RB) + A(R * T * PS) + A(E_loc * R * T * CS) + A(R * P * CS);
+  const int64_t half =
+      A(80 * R) + A(T * PS) + 2 * A(R * RB) + A(R * T * PS) + A(E_loc * R * T * CS) + A(R * P * CS) + A(R * T * CS);
   // The doc groups the three small signal areas as A(80R); they are aligned separately, so allow that slack.
   EXPECT_GE(l.half_bytes, half);
   EXPECT_LE(l.half_bytes, half + 2 * kRegionAlign);
@@ -86,13 +88,19 @@ TEST_P(LayoutTest, AccessorsStayInsideTheirRegion) {
                 base + l.d_recv_off + int64_t{R} * T * l.payload_stride_max);
       EXPECT_EQ(l.DispatchPayloadOffset(half, 1, fp8) % 16, 0);
     }
+    // Headers, then the weights rows, fill each block: the last source's last weights row ends the area.
     EXPECT_EQ(l.RouteHeaderOffset(l.RouteRecvOffset(half, R - 1), T - 1) + 80,
+              l.RouteWeightsOffset(l.RouteRecvOffset(half, R - 1), 0));
+    EXPECT_EQ(l.RouteWeightsOffset(l.RouteRecvOffset(half, R - 1), T - 1) + RouteWeightsRowBytes(),
               base + l.d_route_recv_off + R * l.route_block_bytes);
+    EXPECT_EQ(l.RouteWeightsOffset(l.RouteSendOffset(half, 0), 1) % 16, 0);
     EXPECT_EQ(l.CombineSendOffset(half, E_loc - 1, s.max_recv_rows() - 1) + l.combine_stride,
               base + l.c_send_off + E_loc * s.max_recv_rows() * l.combine_stride);
     EXPECT_EQ(l.CombineRecvOffset(half, R - 1, l.combine_rows_per_src - 1) + l.combine_stride,
               base + l.c_recv_off + R * l.combine_rows_per_src * l.combine_stride);
     EXPECT_EQ(l.CombineRecvOffset(half, 0, 1) % 16, 0);
+    EXPECT_EQ(l.CombinePartOffset(half, R - 1, T - 1) + l.combine_stride,
+              base + l.c_part_off + int64_t{R} * T * l.combine_stride);
   }
 }
 

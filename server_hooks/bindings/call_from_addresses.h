@@ -17,16 +17,17 @@ T* Ptr(uintptr_t addr) {
   return reinterpret_cast<T*>(addr);
 }
 
-inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
-                                              bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
-                                              uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
-                                              uintptr_t cumulative_stats, uintptr_t wait_stats, int layer,
-                                              uint64_t plan_key) {
+inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, uintptr_t weights, int num_tokens,
+                                              int num_topk, bool use_fp8, bool round_scale, bool use_ue8m0,
+                                              uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
+                                              uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
+                                              uintptr_t wait_stats, int layer, uint64_t plan_key) {
   DispatchCall c;
   c.layer = layer;
   c.plan_key = plan_key;
   c.x = Ptr<const uint16_t>(x);
   c.topk_idx = Ptr<const int64_t>(topk);
+  c.topk_weights = Ptr<const float>(weights);
   c.num_tokens = num_tokens;
   c.num_topk = num_topk;
   c.mode = {use_fp8, round_scale, use_ue8m0};
@@ -42,9 +43,10 @@ inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, int n
 
 inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights,
                                             int num_tokens, int num_topk, uintptr_t layout_range, uintptr_t out,
-                                            uintptr_t wait_stats, uint64_t plan_key) {
+                                            uintptr_t wait_stats, uint64_t plan_key, bool expert_reduced) {
   CombineCall c;
   c.plan_key = plan_key;
+  c.expert_reduced = expert_reduced;
   c.x = Ptr<const uint16_t>(x);
   c.zero_copy = zero_copy;
   c.topk_idx = Ptr<const int64_t>(topk);
@@ -63,20 +65,20 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
 /// (the pending operation when split, the hook's; else None). The positional order is llep/buffer.py's.
 template <typename Holder, typename Class>
 void DefCallMethods(Class& cls) {
-  cls.def("dispatch", [](Holder& h, uintptr_t x, uintptr_t topk, int num_tokens, int num_topk, bool use_fp8,
-                         bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+  cls.def("dispatch", [](Holder& h, uintptr_t x, uintptr_t topk, uintptr_t weights, int num_tokens, int num_topk,
+                         bool use_fp8, bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
                          uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
                          uintptr_t wait_stats, int layer, uint64_t plan_key, bool split, uintptr_t stream) {
-    return h.Dispatch(
-        DispatchCallFromAddresses(x, topk, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0, recv_x, recv_scales,
-                                  recv_count, src_info, layout_range, cumulative_stats, wait_stats, layer, plan_key),
-        split, stream);
+    return h.Dispatch(DispatchCallFromAddresses(x, topk, weights, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
+                                                recv_x, recv_scales, recv_count, src_info, layout_range,
+                                                cumulative_stats, wait_stats, layer, plan_key),
+                      split, stream);
   });
   cls.def("combine", [](Holder& h, uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
                         int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, uint64_t plan_key,
-                        bool split, uintptr_t stream) {
+                        bool expert_reduced, bool split, uintptr_t stream) {
     return h.Combine(CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out,
-                                              wait_stats, plan_key),
+                                              wait_stats, plan_key, expert_reduced),
                      split, stream);
   });
   // Rank masking and recovery (DeepEP's enable_shrink API and clean_low_latency_buffer); `mask_out` is the address

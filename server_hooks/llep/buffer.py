@@ -167,7 +167,8 @@ class _HandleTokens(int):
     plan the GPU backend keeps on the device for this handle's combine (runtime/protocol/ll_call.h
     DispatchCall::plan_key; kernels/cuda/ll_kernels.h CarriedPlanArea). It rides in the handle's int so that copies of
     the handle (tensors cloned, the tuple rebuilt) keep it; a handle without it combines the same, counting the rows'
-    positions instead."""
+    positions instead. `expert_reduced`: the dispatch carried combine_weights, so its combine reduces on the experts'
+    ranks."""
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
@@ -512,7 +513,8 @@ class Buffer:
                              num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
                              dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
                              round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
-                             return_recv_hook: bool = False, *, layer: int = 0, **kwargs: Any) -> \
+                             return_recv_hook: bool = False, *, layer: int = 0,
+                             combine_weights: Optional[torch.Tensor] = None, **kwargs: Any) -> \
             Tuple[Union[Tuple[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, Tuple, EventOverlap,
                   Optional[Callable[[], None]]]:
         """Sends each token to its top-k experts (DeepEP V1 semantics; see shared/spec/deepep-ll-api.md §4.1).
@@ -525,6 +527,11 @@ class Buffer:
         layer (metrics_snapshot()['layer_expert_recv_tokens'], llep_expert_recv_tokens_total{layer=...}); it is an
         argument of the kernels, so a captured graph keeps counting each of its dispatches under its own layer.
         Must be in [0, metrics_layers) (the Buffer keyword, default LLEP_METRICS_LAYERS).
+
+        combine_weights (llep keyword, default None): the float32 [num_tokens, num_topk] topk_weights this dispatch's
+        combine will pass. Given, they travel with the tokens and the combine reduces each token's rows on the experts'
+        ranks, returning one row per (token, rank) instead of one per (token, expert) (kernels/EXPERT_SIDE_COMBINE.md;
+        CPU backend only so far). Not DeepEP-fork's dispatch topk_weights, which returns seven values.
         """
         if kwargs:
             _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
@@ -540,8 +547,10 @@ class Buffer:
             if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
                     topk_idx.dim() == 2 and topk_idx.size(0) == num_tokens and
                     _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index) and
-                    _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
-                self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats)
+                    _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index) and
+                    _fast_ok_optional(combine_weights, torch.float32, tuple(topk_idx.shape), dev_index)):
+                self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+                                       combine_weights)
             # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4
             # µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md).
             recv_x = x.new_empty(out.x_shape, dtype=out.x_dtype)
@@ -552,7 +561,8 @@ class Buffer:
             layout_range = x.new_empty(out.layout_range_shape, dtype=torch.int64)
             plan_key = next(_plan_keys)
             op = runtime.dispatch(
-                x.data_ptr(), topk_idx.data_ptr(), num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
+                x.data_ptr(), topk_idx.data_ptr(), 0 if combine_weights is None else combine_weights.data_ptr(),
+                num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
                 recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
                 layout_range.data_ptr(),
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
@@ -565,12 +575,13 @@ class Buffer:
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook, (
                     x, topk_idx, recv_x, scales, recv_count, src_info, layout_range,
-                    cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats))
+                    cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, combine_weights))
                 if return_recv_hook:  # its hook keeps layout_range alive (so the address unique) until it runs
                     self._unreceived.add(layout_range.data_ptr())
                     hook._handle_key = layout_range.data_ptr()
             tokens = _HandleTokens(num_max_dispatch_tokens_per_rank)
             tokens.plan_key = plan_key
+            tokens.expert_reduced = combine_weights is not None
             handle = (src_info, layout_range, tokens, hidden, int(num_experts))
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
@@ -589,7 +600,7 @@ class Buffer:
             self._out_specs[key] = spec
         return spec
 
-    def _explain_dispatch(self, x: Any, topk_idx: Any, cumulative: Any, wait: Any) -> None:
+    def _explain_dispatch(self, x: Any, topk_idx: Any, cumulative: Any, wait: Any, weights: Any = None) -> None:
         """The detailed checks of dispatch's tensors: raises the precise error (a fast check failed)."""
         dev = self._device
         T, _, num_experts = self._shape
@@ -600,6 +611,8 @@ class Buffer:
             _check_tensor('cumulative_local_expert_recv_stats', cumulative, torch.int32, (num_experts // R,), dev)
         if wait is not None:
             _check_tensor('dispatch_wait_recv_cost_stats', wait, torch.int64, (R,), dev)
+        if weights is not None:
+            _check_tensor('combine_weights', weights, torch.float32, tuple(topk_idx.shape), dev)
         raise _invalid('dispatch arguments are inconsistent')
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
@@ -649,7 +662,8 @@ class Buffer:
                                  topk_weights.data_ptr(), num_tokens, topk_idx.size(1), layout_range.data_ptr(),
                                  out.data_ptr(),
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
-                                 getattr(T, 'plan_key', 0), return_recv_hook, self._stream())
+                                 getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
+                                 self._stream())
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,

@@ -127,6 +127,47 @@ def _check_round(buf, rank, seed, use_fp8, round_scale, use_ue8m0, hook_mode, th
     assert torch.equal(again.view(torch.int16), combined.view(torch.int16))
 
 
+def _check_expert_reduced(buf, rank, seed, use_fp8, hook_mode, zero_copy):
+    """combine_weights at dispatch (kernels/EXPERT_SIDE_COMBINE.md): the combine reduces each token's rows on the
+    experts' ranks and returns one row per (token, rank): out[t] = bf16(sum over the ranks r holding a selection of t,
+    ascending, of bf16(sum of w * y over t's selections on r in top-k order)). Checked against that order computed here
+    in float64 (BF16 dispatch, whose rows are x itself), against DeepEP's combine of the same rows, for determinism,
+    and for the weights check."""
+    E_loc = E // R
+    x, topk, w = _inputs(rank, seed)
+    recv, _, handle, _, hook = buf.low_latency_dispatch(x, topk, T, E, use_fp8=use_fp8, return_recv_hook=hook_mode,
+                                                        combine_weights=w)
+    if hook_mode:
+        hook()
+    y = _dequant(*(recv if use_fp8 else (recv, None)), use_fp8, False).to(torch.bfloat16)
+    if zero_copy:
+        buf.get_next_low_latency_combine_buffer(handle)[:] = y
+    out, _, chook = buf.low_latency_combine(y, topk, w, handle, zero_copy=zero_copy, return_recv_hook=hook_mode)
+    if hook_mode:
+        chook()
+    if not use_fp8:
+        ref = torch.zeros((x.size(0), H), dtype=torch.float64)
+        for t in range(x.size(0)):
+            for r in sorted({int(g) // E_loc for g in topk[t] if int(g) >= 0}):
+                part = sum(x[t].double() * float(w[t, k]) for k in range(K)
+                           if int(topk[t, k]) >= 0 and int(topk[t, k]) // E_loc == r)
+                ref[t] += part.to(torch.bfloat16).double()
+        # Exact but for the fp32 accumulation and the final rounding: within a bf16 ulp of the float64 order.
+        assert torch.allclose(out.double(), ref, rtol=2 ** -7, atol=0), (out.double() - ref).abs().max()
+    # DeepEP's combine of the same rows (a plain dispatch and combine) differs only by the partials' rounding.
+    recv2, _, handle2, _, _ = buf.low_latency_dispatch(x, topk, T, E, use_fp8=use_fp8)
+    y2 = _dequant(*(recv2 if use_fp8 else (recv2, None)), use_fp8, False).to(torch.bfloat16)
+    plain, _, _ = buf.low_latency_combine(y2, topk, w, handle2)
+    assert handle[2].expert_reduced and not handle2[2].expert_reduced
+    assert _calc_diff(plain, out) < 1e-5
+    # Bitwise deterministic (the handle's dispatch is the one before last: still kept), and the combine's weights
+    # must be the dispatch's.
+    again, _, _ = buf.low_latency_combine(y, topk, w, handle)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+    with pytest.raises(ValueError, match='differ from the topk_weights its dispatch carried'):
+        buf.low_latency_combine(y, topk, w * 2, handle)
+
+
 def _check_metrics(buf, rank, rounds):
     """The counters after `rounds` rounds of _check_round (one dispatch and two combines each) are exact: tokens
     per (layer, local expert) = every source's selections of them in that layer's dispatches (round s is layer
@@ -195,6 +236,19 @@ def _worker(rank, port, provider):
                          threaded_hook=hook_mode and seed % 2 == 0, zero_copy=seed % 3 == 0)
 
     _check_metrics(buf, rank, seed)
+
+    for i, (use_fp8, hook_mode) in enumerate(((False, False), (True, True), (False, True))):
+        _check_expert_reduced(buf, rank, 50 + i, use_fp8, hook_mode, zero_copy=i == 2)
+    # A handle whose dispatch's messages two later dispatches with weights replaced: a typed error on every rank,
+    # raised before anything is sent.
+    x, topk, w = _inputs(rank, 60)
+    old = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False, combine_weights=w)
+    for _ in range(2):
+        buf.low_latency_dispatch(x, topk, T, E, use_fp8=False, combine_weights=w)
+    with pytest.raises(llep.LlepFailedPreconditionError, match='no longer kept'):
+        buf.low_latency_combine(old[0], topk, w, old[2])
+    with pytest.raises(ValueError, match='combine_weights must have shape'):
+        buf.low_latency_dispatch(x, topk, T, E, combine_weights=w[:, :-1])
 
     # Argument errors are raised before anything is sent (all ranks make the same bad call, nobody hangs).
     x, topk, w = _inputs(rank, 99)
