@@ -151,8 +151,10 @@ def _cpu_times(dispatch, combine, iters):
 class _System:
     """One system's buffer and calls, through the DeepEP V1 Python API both implement."""
 
-    def __init__(self, name, group, R, T_top):
+    def __init__(self, name, group, R, T_top, expert_side=False):
         self.name = name
+        # --expert-side: llep's dispatch carries the combine's weights (combine_weights=, kernels/EXPERT_SIDE_COMBINE.md)
+        self.expert_side = expert_side and name == 'llep'
         if name == 'llep':
             import llep
             self.buf = llep.Buffer(group, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, R, E),
@@ -164,7 +166,9 @@ class _System:
                                       low_latency_mode=True, num_qps_per_rank=max(1, E // R),
                                       explicitly_destroy=True)
 
-    def dispatch(self, x, topk, T_max, **kw):
+    def dispatch(self, x, topk, w, T_max, **kw):
+        if self.expert_side:
+            kw['combine_weights'] = w
         return self.buf.low_latency_dispatch(x, topk, T_max, E, **kw)
 
     def combine(self, y, topk, w, handle, **kw):
@@ -174,7 +178,7 @@ class _System:
 def _gate(sysm, rank, R, T, T_max, dev):
     """Correctness at this T (BF16 dispatch, identity experts), exact counts, combine within BF16 tolerance."""
     x, topk, w = _inputs(rank, T, dev)
-    recv_x, count, handle, _, _ = sysm.dispatch(x, topk, T_max, use_fp8=False)
+    recv_x, count, handle, _, _ = sysm.dispatch(x, topk, w, T_max, use_fp8=False)
     combined, _, _ = sysm.combine(recv_x, topk, w, handle)
     torch.cuda.synchronize()
     all_topk = [torch.empty_like(topk.cpu()) for _ in range(R)]
@@ -202,7 +206,7 @@ def _round_trip_inputs(rank, R, T, T_max, dev):
 def _calls(sysm, inputs, T_max):
     """(dispatch, combine) of one system on these inputs: dispatch() returns the handle combine(handle) takes."""
     x, topk, w, y, out = inputs
-    return (lambda: sysm.dispatch(x, topk, T_max)[2], lambda hd: sysm.combine(y, topk, w, hd, out=out))
+    return (lambda: sysm.dispatch(x, topk, w, T_max)[2], lambda hd: sysm.combine(y, topk, w, hd, out=out))
 
 
 def _measure(sysm, rank, R, T, T_max, dev, iters):
@@ -214,7 +218,7 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
         c(d())
 
     def hooked():
-        _, _, hd, _, hook = sysm.dispatch(x, topk, T_max, return_recv_hook=True)
+        _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
         hook()
         _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
         chook()
@@ -275,7 +279,7 @@ def _max_over_ranks(v):
     return t.item()
 
 
-def _worker(rank, R, port, Ts, iters, systems, json_path):
+def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '500')), exit=True)
     ngpu = torch.cuda.device_count()
     torch.cuda.set_device(rank % ngpu)
@@ -288,7 +292,7 @@ def _worker(rank, R, port, Ts, iters, systems, json_path):
     objs = {}
     for name in systems:
         try:
-            sysm = _System(name, group, R, T_top)
+            sysm = _System(name, group, R, T_top, expert_side)
         except Exception as e:  # DeepEP not built / NVSHMEM refused: say so, measure the rest
             notes[name] = f'unavailable: {type(e).__name__}: {e}'
             if rank == 0:
@@ -312,6 +316,8 @@ def _worker(rank, R, port, Ts, iters, systems, json_path):
         dist.barrier()
         objs[name] = sysm  # kept for the paired phase: destroyed at the end
     if rank == 0:
+        if expert_side:
+            notes['llep'] = 'combine_weights at dispatch (--expert-side): the combine reduced at the expert side'
         _report(R, ngpu, dev, iters, [rows[T] for T in Ts], notes, json_path)
     if len(objs) == len(SYSTEMS):
         for T in Ts:  # after the report: whatever happens here, the main table is out
@@ -415,6 +421,10 @@ def main():
     ap.add_argument('--iters', type=int, default=200)
     ap.add_argument('--systems', default='llep,deepep', help='comma-separated subset of llep,deepep')
     ap.add_argument('--json', default='')
+    ap.add_argument('--expert-side', action='store_true', default=os.environ.get('LLEP_SBS_EXPERT_SIDE') == '1',
+                    help="llep's dispatch carries the combine's weights (combine_weights=): its combine reduced at "
+                         "the expert side, one row per (token, rank); DeepEP unchanged. Default: "
+                         "LLEP_SBS_EXPERT_SIDE=1 (so a scripts/gpu_sbs_rounds.sh variant can set it)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print('ll_side_by_side: no CUDA device')
@@ -427,7 +437,8 @@ def main():
     os.environ.setdefault('NCCL_NVLS_ENABLE', '0')
     os.environ.setdefault('TORCH_SYMM_MEM_DISABLE_MULTICAST', '1')
     os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
-    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.iters, systems, args.json), nprocs=R, join=True)
+    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.iters, systems, args.json, args.expert_side), nprocs=R,
+             join=True)
     return 0
 
 

@@ -89,15 +89,17 @@ def capture_sizes(sizes: Sequence[int], step: Callable[[int], Outputs], *, pool:
 def moe_step(buffer: Any, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
              expert_fn: Callable[[Any, torch.Tensor, tuple], torch.Tensor], *, num_max_dispatch_tokens_per_rank: int,
              num_experts: int, use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
-             use_hooks: bool = True, between: Optional[Callable[[], Any]] = None) -> torch.Tensor:
+             use_hooks: bool = True, between: Optional[Callable[[], Any]] = None,
+             expert_side: bool = False) -> torch.Tensor:
     """One MoE layer's communication around the caller's experts: dispatch, expert_fn(recv, recv_count, handle)
     -> y bf16 [num_local_experts, num_ranks * T, hidden], combine; returns the combined [num_tokens, hidden].
     With use_hooks, send and receive are separate launches and `between()` (other GPU work: attention, shared
-    experts) runs between each send and its receive, as a decode loop overlaps them."""
+    experts) runs between each send and its receive, as a decode loop overlaps them. expert_side: the dispatch
+    carries topk_weights (llep's combine_weights), so the combine reduces at the experts' ranks."""
     T, E = num_max_dispatch_tokens_per_rank, num_experts
     recv, count, handle, _, hook = buffer.low_latency_dispatch(
         x, topk_idx, T, E, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
-        return_recv_hook=use_hooks)
+        return_recv_hook=use_hooks, combine_weights=topk_weights if expert_side else None)
     if use_hooks:
         if between is not None:
             between()
@@ -115,21 +117,22 @@ def moe_step_two_microbatches(buffer: Any, x: torch.Tensor, topk_idx: torch.Tens
                               expert_fn: Callable[[Any, torch.Tensor, tuple], torch.Tensor], *,
                               num_max_dispatch_tokens_per_rank: int, num_experts: int, use_fp8: bool = True,
                               round_scale: bool = False, use_ue8m0: bool = False,
-                              between: Optional[Callable[[], Any]] = None) -> torch.Tensor:
+                              between: Optional[Callable[[], Any]] = None, expert_side: bool = False) -> torch.Tensor:
     """The same layer as moe_step with the batch split into two micro-batches A and B whose communication overlaps
     (SGLang's two-batch overlap, vLLM's DBO): dispatch-send A, dispatch-send B, hook A, hook B, experts A,
     combine-send A, experts B, combine-send B, hook A, hook B. Two operations are in flight at every point, the
     most a buffer allows. Each micro-batch may hold up to num_max_dispatch_tokens_per_rank tokens; B may be empty
-    (every rank still makes the same calls)."""
+    (every rank still makes the same calls). expert_side as moe_step."""
     T, E = num_max_dispatch_tokens_per_rank, num_experts
     n = x.size(0)
     cut = (n + 1) // 2
     parts = [(x[:cut], topk_idx[:cut], topk_weights[:cut]), (x[cut:], topk_idx[cut:], topk_weights[cut:])]
     out = torch.empty_like(x)
     sent = []
-    for xs, ids, _ in parts:
+    for xs, ids, w in parts:
         recv, count, handle, _, hook = buffer.low_latency_dispatch(
-            xs, ids, T, E, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, return_recv_hook=True)
+            xs, ids, T, E, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, return_recv_hook=True,
+            combine_weights=w if expert_side else None)
         sent.append((recv, count, handle, hook))
     if between is not None:
         between()

@@ -179,11 +179,12 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   op.seq_ = seq;
   op.op_ = LlOp::kDispatch;
   op.dispatch_ = call;
+  // Every dispatch takes its half's slot, so one without weights retires the older plan too (as on the GPU).
+  KeptWeights& kept = sent_weights_[static_cast<size_t>(protocol::HalfOfSeq(seq))];
+  kept.plan_key = call.topk_weights != nullptr ? call.plan_key : 0;
+  kept.w.clear();
   if (call.topk_weights != nullptr) {
-    // The oldest of the two kept slots gives way (a third dispatch in flight is refused by BeginSend).
-    KeptWeights& k = sent_weights_[sent_weights_[0].plan_key < sent_weights_[1].plan_key ? 0 : 1];
-    k.plan_key = call.plan_key;
-    k.w.assign(call.topk_weights, call.topk_weights + static_cast<size_t>(call.num_tokens) * call.num_topk);
+    kept.w.assign(call.topk_weights, call.topk_weights + static_cast<size_t>(call.num_tokens) * call.num_topk);
   }
   const std::vector<uint8_t> masked = MaskForCall();
   if (!kernels::DispatchSendHost(Context(&masked), {&call, &dispatch_plan_, seq})) {
@@ -215,11 +216,13 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
     }
     if (expert_plan == nullptr || sent == nullptr) {
       return absl::FailedPreconditionError(
-          "combine of a dispatch that carried topk_weights: that dispatch's messages are no longer kept (two later "
-          "dispatches replaced them, or it was not received); combine each handle before the second dispatch after it");
+          "combine of a dispatch that carried topk_weights: that dispatch's messages are no longer kept (a later "
+          "dispatch into the same buffer half replaced them, or it was not received); combine each handle before the "
+          "second dispatch after it");
     }
+    // Bit for bit, as the GPU backend compares (a -0.0 for a 0.0 is a different input there too).
     if (sent->w.size() != static_cast<size_t>(call.num_tokens) * call.num_topk ||
-        !std::equal(sent->w.begin(), sent->w.end(), call.topk_weights)) {
+        std::memcmp(sent->w.data(), call.topk_weights, sent->w.size() * sizeof(float)) != 0) {
       return absl::InvalidArgumentError(
           "combine topk_weights differ from the topk_weights its dispatch carried (the experts' ranks reduced with "
           "those): pass the same weights to both");
@@ -359,10 +362,10 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   const std::string err = kernels::DispatchRecvHost(
       Context(&op.masked_), {&c, op.seq_, tokens.data(), c.topk_weights != nullptr ? &received : nullptr});
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
-  if (c.topk_weights != nullptr) {
+  {
     absl::MutexLock lock(&mu_);
-    kernels::ExpertSidePlan& slot = expert_plans_[expert_plans_[0].plan_key < expert_plans_[1].plan_key ? 0 : 1];
-    slot = std::move(received);
+    kernels::ExpertSidePlan& slot = expert_plans_[static_cast<size_t>(protocol::HalfOfSeq(op.seq_))];
+    slot = std::move(received);  // a dispatch without weights leaves plan_key 0: the half's older plan is retired
   }
   if (op.barrier_) return absl::OkStatus();
   AddMetrics([&](std::vector<uint64_t>& m) {

@@ -156,9 +156,10 @@ class CpuBuffer {
   mutable absl::Mutex mu_;
   CallSequence calls_ ABSL_GUARDED_BY(mu_);                // sequence numbers and the in-flight rule
   kernels::RoutePlan dispatch_plan_ ABSL_GUARDED_BY(mu_);  // reused across dispatches (send phase only)
-  // Dispatches that carried topk_weights (kernels/EXPERT_SIDE_COMBINE.md), the last two by plan key: as expert rank
-  // the messages each received (its combine reduces them), as home rank the weights each sent (its combine's
-  // topk_weights must equal them).
+  // The last dispatch of each buffer half (kernels/EXPERT_SIDE_COMBINE.md; the GPU backend's ExpertPlanArea and
+  // CarriedPlanArea keep the same), by plan key, 0 when it carried no combine_weights: as expert rank the messages it
+  // received (its combine reduces them), as home rank the weights it sent (its combine's topk_weights must equal them,
+  // bit for bit).
   struct KeptWeights {
     uint64_t plan_key = 0;
     std::vector<float> w;

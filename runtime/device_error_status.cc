@@ -21,9 +21,21 @@ absl::Status DeviceErrorToStatus(const protocol::DeviceErrorRecord& e, const Dev
                          e.peer, "); those rows were not sent: pass the handle of the matching dispatch");
       break;
     case protocol::kDeviceCombineMismatch:
-      msg = absl::StrCat(where, "rank ", e.peer, " returned ", e.detail >> 32,
+      if (e.detail == protocol::kCombinePlanGone) {
+        msg = absl::StrCat(where, "rank ", e.peer,
+                           " no longer holds the plan of this combine's dispatch (it carried combine_weights, and a "
+                           "later dispatch into the same buffer half replaced it): combine a dispatch that carries "
+                           "combine_weights before the next-but-one dispatch (out was not written)");
+      } else if (e.detail == protocol::kCombineWeightsDiffer) {
+        msg = absl::StrCat(where,
+                           "topk_weights differ from the combine_weights its dispatch carried (the experts' ranks "
+                           "reduced with those): pass the same values (out was not written)");
+      } else {
+        msg =
+            absl::StrCat(where, "rank ", e.peer, " returned ", e.detail >> 32,
                          " rows but this rank's topk_idx selects ", e.detail & 0xFFFFFFFF,
                          " of its experts; combine needs the topk_idx of the matching dispatch (out was not written)");
+      }
       break;
     case protocol::kDeviceTimeout:
       msg = absl::StrCat(where,

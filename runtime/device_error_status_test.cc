@@ -54,6 +54,15 @@ TEST(DeviceErrorStatusTest, CombineMismatchNamesBothCounts) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 3 returned 8 rows but this rank's topk_idx selects 5"));
 }
 
+TEST(DeviceErrorStatusTest, ExpertSideCombineCausesAreNamed) {
+  absl::Status s = DeviceErrorToStatus({protocol::kDeviceCombineMismatch, 1, 2, 9, protocol::kCombinePlanGone}, Ctx());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 no longer holds the plan of this combine's dispatch"));
+  s = DeviceErrorToStatus({protocol::kDeviceCombineMismatch, 1, 0, 9, protocol::kCombineWeightsDiffer}, Ctx());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("topk_weights differ from the combine_weights its dispatch carried"));
+}
+
 TEST(DeviceErrorStatusTest, OnlyTheCallersBadInputIsRecoverable) {
   for (uint32_t code = 1; code < protocol::kNumDeviceErrorCodes; ++code) {
     const bool recoverable = code == protocol::kDeviceBadExpertId || code == protocol::kDeviceBadLayoutRange ||

@@ -86,10 +86,12 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream, bool raise_recove
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
   LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call, options_.metrics_layers));
-  if (call.topk_weights != nullptr) {
-    return absl::UnimplementedError(
-        "topk_weights at dispatch (the combine reduced at the expert side) runs on the CPU backend only so far "
-        "(kernels/EXPERT_SIDE_COMBINE.md)");
+  if (call.topk_weights != nullptr && call.num_tokens > kernels::cuda::kMaxCarriedPlanTokensPerCta * num_ctas_) {
+    // The home rank keeps the weights with the dispatch's plan (CarriedPlanArea), which holds one round per CTA.
+    return absl::InvalidArgumentError(
+        absl::StrCat("combine_weights at dispatch takes at most ",
+                     kernels::cuda::kMaxCarriedPlanTokensPerCta * num_ctas_, " tokens with this buffer's ", num_ctas_,
+                     " CTAs (got ", call.num_tokens, "): dispatch without them, or build the buffer with more CTAs"));
   }
   GpuPendingOp op;
   op.op = LlOp::kDispatch;
@@ -100,8 +102,6 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool 
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool split, cudaStream_t stream) {
   LLEP_RETURN_IF_ERROR(ValidateCombineCall(layout_.shape, call));
-  if (call.expert_reduced)
-    return absl::UnimplementedError("the expert-side combine runs on the CPU backend only so far");
   GpuPendingOp op;
   op.op = LlOp::kCombine;
   static_cast<CombineCall&>(op.combine) = call;

@@ -29,7 +29,8 @@ inline size_t TraceBytes(int num_ctas) {
 // mirrors, [2 halves][E] proxy block counters (combine coalescing), one word holding the two 32-bit flags, then,
 // 128-byte aligned (the kernels load its records in 16-byte words), the call state (ll_kernels.h LlDeviceContext,
 // LlCallState), the launch counts of the G CTAs (LlCtaLaunches), then the dispatches' plans kept for their combines
-// (ll_kernels.h CarriedPlanArea). All of it starts zeroed (a zeroed plan header names no plan: keys start at 1).
+// (ll_kernels.h CarriedPlanArea) and the messages received for expert-side combines (ExpertPlanArea). All of it starts
+// zeroed (a zeroed plan header names no plan: keys start at 1).
 struct Workspace {
   int64_t R, E, T, G;
   static Workspace Of(const protocol::LlShape& s, int num_ctas) {
@@ -45,7 +46,12 @@ struct Workspace {
   int64_t carried_bytes() const {
     return protocol::AlignUp(launches_bytes() + G * static_cast<int64_t>(sizeof(kernels::cuda::LlCtaLaunches)), 128);
   }
-  size_t bytes() const { return static_cast<size_t>(carried_bytes() + kernels::cuda::CarriedPlanArea{E, T}.bytes()); }
+  int64_t expert_plans_bytes() const {
+    return protocol::AlignUp(carried_bytes() + kernels::cuda::CarriedPlanArea{E, T}.bytes(), 128);
+  }
+  size_t bytes() const {
+    return static_cast<size_t>(expert_plans_bytes() + kernels::cuda::ExpertPlanArea{R, T}.bytes());
+  }
 };
 
 /// The shrink-mode device area (GpuBufferOptions::shrink), byte offsets: the mask (int32 [R]), the receive verdicts

@@ -309,6 +309,7 @@ absl::Status GpuBuffer::FillDeviceContext() {
   ctx_.launches =
       reinterpret_cast<kernels::cuda::LlCtaLaunches*>(reinterpret_cast<uint8_t*>(d_workspace_) + ws.launches_bytes());
   ctx_.carried = reinterpret_cast<uint8_t*>(d_workspace_) + ws.carried_bytes();
+  ctx_.expert_plans = reinterpret_cast<uint8_t*>(d_workspace_) + ws.expert_plans_bytes();
   ctx_.errors = d_errors_;
   ctx_.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   ctx_.trace = d_trace_;

@@ -12,9 +12,129 @@ namespace {
 
 // ------------------------------------------------------------------------------------------ combine
 
+/// acc[2i], acc[2i + 1] += w * the two bf16 channels of word i of v (fp32 fma, the CPU backend's order).
+__device__ __forceinline__ void AccumulateBf16x8(const uint4& v, float w, float (&acc)[8]) {
+  const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] = __fmaf_rn(BitsToFloat(ws[i] << 16), w, acc[2 * i]);
+    acc[2 * i + 1] = __fmaf_rn(BitsToFloat(ws[i] & 0xFFFF0000u), w, acc[2 * i + 1]);
+  }
+}
+
+/// Eight fp32 sums rounded to bf16 and packed for one 16-byte store.
+__device__ __forceinline__ uint4 PackBf16x8(const float (&acc)[8]) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = uint32_t{FloatToBf16(acc[2 * i])} | (uint32_t{FloatToBf16(acc[2 * i + 1])} << 16);
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/// The expert-side combine's send (a dispatch that carried combine_weights; kernels/EXPERT_SIDE_COMBINE.md). Per
+/// message that dispatch received (ExpertPlanArea, found by the handle's plan key), the message's rows are reduced in
+/// its header's order with fp32 fma, rounded once to bf16 and stored at the token's position of the home rank's receive
+/// area: one row per (token, rank) instead of one per (token, expert). Work items are (message, chunk group): 2^lg
+/// groups of a message's 256-channel chunks, as many as keep one item per warp, so that at small T a message's chunks
+/// spread over CTAs as in the receive; one group when the buffer has proxy peers (the message's warp then pushes its
+/// staged row's write itself). The signal's value is the number of messages; the publisher waits for one completion
+/// add per item.
+__device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+  const LlDeviceContext& c = p.ctx;
+  const protocol::LlLayout& L = c.layout;
+  const int R = L.shape.num_ranks, H = L.shape.hidden, T = L.shape.max_tokens_per_rank;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
+  const ExpertPlanArea xp{R, T};
+  int* msgs = reinterpret_cast<int*>(smem);  // [R] messages received from each home rank
+  Trace(c, LlOp::kCombine, kTraceSendStart);
+  uint8_t* const lane_peer = LanePeer(c);
+  // The dispatch's slot: the header that names the handle's key; of two (a captured dispatch replayed into both
+  // halves), the later call's.
+  const uint4 h0 = Ld16(c.expert_plans + ExpertPlanArea::header(0));
+  const uint4 h1 = Ld16(c.expert_plans + ExpertPlanArea::header(1));
+  const bool n0 = p.plan_key != 0 && protocol::JoinHalves(h0.y, h0.x) == p.plan_key;
+  const bool n1 = p.plan_key != 0 && protocol::JoinHalves(h1.y, h1.x) == p.plan_key;
+  const int slot = n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
+  for (int d = tid; d < R; d += kThreads) {
+    msgs[d] = slot >= 0 ? reinterpret_cast<const int*>(c.expert_plans + xp.counts(slot))[d] : 0;
+  }
+  __syncthreads();
+  Trace(c, LlOp::kCombine, kTracePlanned);
+  const uint32_t seq = gate.Open();
+  if (seq == 0) return;
+  const int half = protocol::HalfOfSeq(seq);
+  // Gone (a later dispatch into the half replaced it): nothing is sent, every home rank gets a zero count and finds
+  // its own mismatch; this rank says why.
+  if (slot < 0 && blockIdx.x == 0 && tid == 0) {
+    RecordError(c, protocol::kDeviceCombineMismatch, LlOp::kCombine, c.rank, seq, protocol::kCombinePlanGone);
+  }
+  const auto count = [&](int d) { return msgs[d]; };
+  const int total = WarpMessageTotal(count, R);
+  const int chunks = (H + 255) / 256;
+  int lg = 0;
+  while (c.proxy_region == nullptr && (2 << lg) <= chunks && (total << (lg + 1)) <= G * kWarps) ++lg;
+  // The rows to reduce: x [E_loc * R*T rows of H], or with zero_copy the staged rows (c_send of kZeroCopyHalf); an
+  // entry's row is local expert * R*T + row either way.
+  const uint8_t* const rows_base =
+      p.zero_copy ? c.local + L.CombineSendOffset(kZeroCopyHalf, 0, 0) : reinterpret_cast<const uint8_t*>(p.x);
+  const int64_t row_stride = p.zero_copy ? L.combine_stride : int64_t{2} * H;
+  for (int item = warp * G + blockIdx.x; item < (total << lg); item += G * kWarps) {
+    const int m = item >> lg, g = item & ((1 << lg) - 1);
+    const MessageRef ref = LocateMessage(count, R, m);
+    const int d = ref.src;
+    const uint8_t* const e = c.expert_plans + xp.entry(slot, d, ref.j);
+    const int2 meta = *reinterpret_cast<const int2*>(e);  // {token on d, selections}
+    const int row_l = lane < kK ? reinterpret_cast<const int*>(e + 16)[lane] : 0;
+    const float w_l = lane < kK ? reinterpret_cast<const float*>(e + 16 + 4 * kK)[lane] : 0.0f;
+    const int t = meta.x, n = min(meta.y, kK);
+    uint8_t* const peer = PeerBase(c, lane_peer, d);
+    uint8_t* const dst = peer != nullptr ? peer + L.CombineRecvOffset(half, c.rank, t)
+                                         : c.proxy_region + L.CombinePartOffset(half, d, t);
+    for (int q = (g * chunks) >> lg; q < (((g + 1) * chunks) >> lg); ++q) {
+      const int c0 = q * 256 + lane * 8;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i0 = 0; i0 < n; i0 += 8) {  // eight rows' loads in flight, then their sums in order
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = gpu::WarpShfl(row_l, (i0 + i) & 31);
+          v[i] = i0 + i < n && c0 < H ? Ld16(rows_base + int64_t{r} * row_stride + int64_t{c0} * 2)
+                                      : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float w = gpu::WarpShfl(w_l, (i0 + i) & 31);
+          if (i0 + i < n) AccumulateBf16x8(v[i], w, acc);
+        }
+      }
+      if (c0 < H) St16(dst + int64_t{c0} * 2, PackBf16x8(acc));
+    }
+    gpu::WarpSync();
+    if (lane == 0) {
+      FenceBeforeCount(peer == nullptr);
+      if (peer == nullptr) {
+        PushCmd(c, d,
+                protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombinePartOffset(half, d, t),
+                                       L.CombineRecvOffset(half, c.rank, t), protocol::CombineRowBytes(H)),
+                LlOp::kCombine, seq);
+      }
+      AddDone(c, LlOp::kCombine, half, d);
+    }
+  }
+  __syncthreads();
+  Trace(c, LlOp::kCombine, kTraceCounterDone);
+  for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
+    const auto n = static_cast<uint32_t>(msgs[d]);
+    PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, n << lg, false);
+  }
+}
+
 /// The block plan (from the handle's layout_range) is made while the call state is read; the gate opens before the
-/// first row is copied.
+/// first row is copied. An expert-side combine (the dispatch carried combine_weights) is CombineSendReduced.
 __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+  if (p.expert_reduced) {
+    CombineSendReduced(p, gate, smem);
+    return;
+  }
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
@@ -104,7 +224,8 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   // CTA G-1-d publishes rank d's signal: the CTAs that hold this rank's tokens in the receive phase start at CTA 0,
   // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
   for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
-    PublishWhenDone(c, LlOp::kCombine, half, d, static_cast<uint32_t>(max(rows_to[d], 0)), seq);
+    const auto n = static_cast<uint32_t>(max(rows_to[d], 0));
+    PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, n, false);
   }
 }
 
@@ -136,13 +257,7 @@ __device__ __forceinline__ void ReduceChunk(const CombineRecvPlan& rp, int K, in
 #pragma unroll
   for (int k = 0; k < kMaxK; ++k) {
     if (k >= K || rp.row[k] == nullptr) continue;
-    const float w = rp.weight[k];
-    const uint32_t ws[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[2 * i] = __fmaf_rn(BitsToFloat(ws[i] << 16), w, acc[2 * i]);
-      acc[2 * i + 1] = __fmaf_rn(BitsToFloat(ws[i] & 0xFFFF0000u), w, acc[2 * i + 1]);
-    }
+    AccumulateBf16x8(v[k], rp.weight[k], acc);
   }
 }
 
@@ -214,17 +329,50 @@ __device__ void CountCombineRows(const LlDeviceContext& c, const int64_t* topk, 
   if (warp < n && lane < kK) out[warp].row[lane] = sc->row[warp][lane];
 }
 
-/// Rows this rank routed to each rank (validated ids), into routed[R] (zeroed by the caller, then a barrier).
+/// Rows this rank routed to each rank (validated ids), into routed[R] (zeroed by the caller, then a barrier); for an
+/// expert-side combine, tokens with a selection on each rank (one partial row each).
 __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* routed) {
   const LlDeviceContext& c = p.ctx;
   for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) {
     WithTokenIds(c, p.topk_idx, t, p.num_topk, LlOp::kCombine, seq, [&](const auto& ids) {
 #pragma unroll
       for (int k = 0; k < Len(ids); ++k) {
-        if (ids[k] >= 0) atomicAdd(&routed[c.layout.local_experts.Div(ids[k])], 1);
+        if (ids[k] < 0) continue;
+        const int d = c.layout.local_experts.Div(ids[k]);
+        bool again = false;  // an earlier slot on the same rank (expert-side: one row per rank)
+#pragma unroll
+        for (int j = 0; j < k; ++j) again |= p.expert_reduced && ids[j] >= 0 && c.layout.local_experts.Div(ids[j]) == d;
+        if (!again) atomicAdd(&routed[d], 1);
       }
     });
   }
+}
+
+/// An expert-side combine's plan of token t (one warp; the round's ids validated in plan.id): the partial rows of the
+/// distinct ranks of t's selections in ascending rank order, weight 1 (the experts' ranks applied the weights), then
+/// null slots; a masked rank's row is dropped (null), as its top-k terms are otherwise.
+__device__ __forceinline__ void PlanReducedRows(const LlDeviceContext& c, const TokenPlan& plan, int K, int t, int half,
+                                                const int* got, CombineRecvPlan& rp) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane < K ? plan.id[lane] : -1;
+  const int dk = g >= 0 ? c.layout.local_experts.Div(g) : -1;
+  // Every lane takes part in every shuffle (a shuffle inside a short-circuit hung the warp: session 29).
+  bool first = dk >= 0;  // the lowest slot of its rank
+  for (int j = 0; j < K; ++j) {
+    const int dj = gpu::WarpShfl(dk, j);
+    first &= !(j < lane && dj == dk);
+  }
+  int pos = 0;  // distinct ranks below dk
+  for (int j = 0; j < K; ++j) {
+    const int dj = gpu::WarpShfl(dk, j), fj = gpu::WarpShfl(first ? 1 : 0, j);
+    pos += fj != 0 && dj < dk ? 1 : 0;
+  }
+  const int distinct = __popc(gpu::WarpBallot(first));
+  if (first) {
+    rp.row[pos] = got[dk] < 0 ? nullptr : SrcBase(c, dk) + c.layout.CombineRecvOffset(half, dk, t);
+    rp.weight[pos] = 1.0f;
+  }
+  if (lane >= distinct && lane < K) rp.row[lane] = nullptr;
 }
 
 /// Plans its tokens and loads their weights while the call state is read, opens the gate, waits for the expert ranks'
@@ -252,7 +400,9 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
 
   Trace(c, LlOp::kCombine, kTraceRecvStart);
   uint32_t seq = gate.error_seq();
-  if (tid == 0) *failed = 0;
+  // failed[2]: an expert-side combine's own check failed (1: weights differ, 2: the dispatch's plan is gone).
+  const bool reduced = p.expert_reduced;
+  if (tid == 0) failed[0] = failed[2] = 0;
   // The dispatch's plans of both halves (CarriedPlanArea): the route prefixes and the headers load here, each round's
   // entries with its ids, all in one round trip; the headers by one thread of a warp that holds no token below
   // T = 15 * G (it waits for them). A header names the handle's dispatch by its plan key; of two (a captured dispatch
@@ -290,9 +440,14 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     // that plan a token spent ~3 us on each dependent load at T=1: recv_trace).
     const float weight = mine ? p.topk_weights[t_slot] : 0.0f;
     int row0 = 0, row1 = 0;
+    uint32_t kept0 = 0, kept1 = 0;  // expert-side: the combine_weights the dispatch carried, to check weight against
     if (mine) {
       row0 = reinterpret_cast<const int*>(c.carried + area.entries(0))[t_slot];
       row1 = reinterpret_cast<const int*>(c.carried + area.entries(1))[t_slot];
+      if (reduced) {
+        kept0 = reinterpret_cast<const uint32_t*>(c.carried + area.weights(0))[t_slot];
+        kept1 = reinterpret_cast<const uint32_t*>(c.carried + area.weights(1))[t_slot];
+      }
     }
     const int64_t v = mine ? p.topk_idx[t_slot] : -1;
     const int id = PlanCombineIds(c, v, n, K, seq, scratch, plans);
@@ -304,8 +459,13 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     // Positions from the dispatch's plan when a header names this handle's key and shape (its rows are where that
     // dispatch put them); counted from this topk_idx otherwise.
     const int h = *carried_half;
-    const bool count = h < 0;
-    if (!count && mine && id >= 0) plans[warp].row[lane] = prefix[h * E + id] + (h == 0 ? row0 : row1);
+    const bool count = h < 0 && !reduced;
+    if (!count && !reduced && mine && id >= 0) plans[warp].row[lane] = prefix[h * E + id] + (h == 0 ? row0 : row1);
+    // Expert-side: the experts' ranks reduced with the weights the dispatch carried; the combine must pass the same
+    // (bit for bit, every slot: as the CPU backend), and the plan must still be the handle's dispatch's.
+    if (reduced && mine && (h < 0 || __float_as_uint(weight) != (h == 0 ? kept0 : kept1))) {
+      failed[2] = h < 0 ? 2 : 1;
+    }
     if (count && n > 0) {
       if (K <= 8) {
         CountCombineRows<8>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, scratch, plans);
@@ -337,7 +497,11 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
         }
       }
     }
-    if (warp < n && lane < K) {
+    if (reduced) {
+      if (warp < n) {
+        PlanReducedRows(c, plans[warp], K, slot + (round + warp) * G_tok, protocol::HalfOfSeq(seq), got, rplans[warp]);
+      }
+    } else if (warp < n && lane < K) {
       const int g = plans[warp].id[lane];
       const uint8_t* row = nullptr;
       if (g >= 0) {
@@ -353,6 +517,13 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       rplans[warp].row[lane] = row;
     }
     __syncthreads();
+    if (failed[2] != 0) {  // after the signals: the protocol is intact, only this call's input was wrong
+      if (tid == 0) {
+        RecordError(c, protocol::kDeviceCombineMismatch, LlOp::kCombine, c.rank, seq,
+                    failed[2] == 2 ? protocol::kCombinePlanGone : protocol::kCombineWeightsDiffer);
+      }
+      return;
+    }
     if (*failed) return;
     for (int item = warp; item < n * seg_chunks; item += kWarps) {
       const int tw = cta.per_token.Div(item), ch = ch_lo + item - tw * seg_chunks;
@@ -365,11 +536,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       } else {
         ReduceChunk<kK>(rplans[tw], K, c0, acc);
       }
-      uint32_t o[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        o[i] = uint32_t{FloatToBf16(acc[2 * i])} | (uint32_t{FloatToBf16(acc[2 * i + 1])} << 16);
-      St16(p.out + int64_t{t} * H + c0, make_uint4(o[0], o[1], o[2], o[3]));
+      St16(p.out + int64_t{t} * H + c0, PackBf16x8(acc));
     }
     __syncthreads();
   }

@@ -17,6 +17,7 @@ namespace {
 using protocol::LlOp;
 
 constexpr int kWarps = 16;
+static_assert(kMaxCarriedPlanTokensPerCta == kWarps, "a CTA keeps the plan of the one round it plans");
 constexpr int kThreads = kWarps * 32;
 constexpr int kK = protocol::kMaxTopK;
 constexpr int kChunk = kDispatchChunk;  // channels per dispatch work item: 16 per lane
@@ -452,14 +453,18 @@ __device__ __forceinline__ void AddDone(const LlDeviceContext& c, LlOp op, int h
             1ull);
 }
 
-__device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int dst, uint32_t n, uint32_t seq) {
+/// Publishes signal value n once `adds` completion adds arrived (one per message, or per message part when a message
+/// is split over warps: the expert-side combine send). `weights_rows`: a proxy destination's dispatch route block
+/// carries its messages' weights rows (a second write command).
+__device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int dst, uint32_t n, uint32_t seq,
+                                uint32_t adds, bool weights_rows) {
   uint64_t* ctr = c.done + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + dst;
   // The peer's base is loaded before the poll: after the acquire it would be one more dependent load between the
   // last completion add and the signal store.
   uint8_t* const peer = c.peers[dst];
   const uint64_t t0 = NowNs();
   for (uint32_t spin = 0;; ++spin) {
-    if (gpu::LoadAcquireGpu(ctr) == n) break;
+    if (gpu::LoadAcquireGpu(ctr) == adds) break;
     if ((spin & 255u) == 255u && (Aborted(c) || NowNs() - t0 > c.timeout_ns)) {
       RecordError(c, protocol::kDeviceTimeout, op, c.rank, seq, -1);  // local: a CTA of this launch never finished
       return;
@@ -478,6 +483,13 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
               protocol::MakeWriteCmd(op, half, dst, L.RouteSendOffset(half, dst), L.RouteRecvOffset(half, c.rank),
                                      protocol::RouteBlockUsedBytes(L.shape, static_cast<int>(n))),
               op, seq);
+      if (weights_rows && n > 0) {
+        PushCmd(c, dst,
+                protocol::MakeWriteCmd(op, half, dst, L.RouteWeightsOffset(L.RouteSendOffset(half, dst), 0),
+                                       L.RouteWeightsOffset(L.RouteRecvOffset(half, c.rank), 0),
+                                       int64_t{n} * protocol::RouteWeightsRowBytes()),
+                op, seq);
+      }
     }
     PushCmd(c, dst, protocol::MakeSignalCmd(op, half, dst, protocol::PackSignal(seq, n)), op, seq);
   }

@@ -51,40 +51,6 @@ __device__ __forceinline__ ScaleWord LoadScaleWord(const float* scales, int per_
   return s;
 }
 
-/// A message's place: its source and its index among that source's messages.
-struct MessageRef {
-  int src, j;
-};
-
-/// Messages counted over all sources (count(src) each, -1 for a masked source: none). Warp-collective.
-template <typename Count>
-__device__ __forceinline__ int WarpMessageTotal(const Count& count, int R) {
-  const int lane = threadIdx.x % 32;
-  int total = 0;
-  for (int s0 = 0; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(count(s0 + lane), 0) : 0);
-  return total;
-}
-
-/// Message m (< WarpMessageTotal) of the messages taken in source order: a warp scan per 32 sources, so a warp
-/// finds it without a CTA-wide scan and its barriers. Warp-collective, m warp-uniform.
-template <typename Count>
-__device__ __forceinline__ MessageRef LocateMessage(const Count& count, int R, int m) {
-  const int lane = threadIdx.x % 32;
-  int carry = 0;
-  for (int s0 = 0; s0 < R; s0 += 32) {
-    const int v = s0 + lane < R ? max(count(s0 + lane), 0) : 0;
-    const int incl = WarpInclusiveScan(v);
-    const int chunk = gpu::WarpShfl(incl, 31);
-    if (m < carry + chunk) {
-      // Sources of this chunk that end at or before m: a prefix of the lanes, so their count is m's source.
-      const int q = __popc(gpu::WarpBallot(carry + incl <= m));
-      return MessageRef{s0 + q, m - carry - gpu::WarpShfl(incl - v, q)};
-    }
-    carry += chunk;
-  }
-  return MessageRef{R - 1, 0};  // not reached for m < total
-}
-
 /// Whether the dispatch receive loads the route counts early (DispatchRecv): all sources NVLink peers (a proxy
 /// source's block is in host memory, read once, after its signal) and one word per thread.
 __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c) {
@@ -178,6 +144,17 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       return;
     }
     if (writes_handle) {
+      // The expert-side plan's header and message counts (ExpertPlanArea; its entries come with the messages). Every
+      // dispatch writes the header, so a dispatch without combine_weights also retires the half's older plan.
+      const ExpertPlanArea xp{R, T};
+      const uint64_t key = p.topk_weights != nullptr ? p.plan_key : 0;
+      if (tid == 0) {
+        St16(c.expert_plans + ExpertPlanArea::header(half),
+             make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq, 0u));
+      }
+      for (int sr = tid; key != 0 && sr < R; sr += kThreads) {
+        reinterpret_cast<int*>(c.expert_plans + xp.counts(half))[sr] = max(msg_count[sr], 0);
+      }
       for (int le = tid; le < E_loc; le += kThreads) {
         int acc = 0;
         for (int sr = 0; sr < R; ++sr) {
@@ -243,8 +220,14 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     const uint8_t* in = SrcBase(c, src);
     const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);
     const uint8_t* payload = in + L.DispatchRecvOffset(half, src, j, fp8);
-    // The header, the segment's bytes and its scales: independent loads, issued together.
+    // The header, the segment's bytes and its scales (and for the expert-side plan the message's weights row):
+    // independent loads, issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
+    const bool keeps = p.topk_weights != nullptr && s == 0;  // the message's first item keeps its plan entry
+    const uint32_t weight =
+        keeps && lane < kK
+            ? reinterpret_cast<const uint32_t*>(in + L.RouteWeightsOffset(L.RouteRecvOffset(half, src), j))[lane]
+            : 0u;
     uint4 v[kRecvCopyRegs];
     LoadCopyPass(payload + lo, static_cast<int>(seg_bytes), v);
     const ScaleWord sw = fp8 ? LoadScaleWord(reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H)),
@@ -254,9 +237,11 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     const int src_token = static_cast<int>(gpu::WarpShfl(word, 0));
     const uint32_t w1 = gpu::WarpShfl(word, 1);
     const int num_sel = static_cast<int>(w1 & 0xFFFF);
+    const uint32_t flags = gpu::WarpShfl(word, 3);
     const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && gpu::WarpShfl(word, 2) == seq &&
-                    ((gpu::WarpShfl(word, 3) & protocol::kMsgFlagFp8) != 0) == fp8 && num_sel >= 1 && num_sel <= kK &&
-                    src_token >= 0 && src_token < T;
+                    ((flags & protocol::kMsgFlagFp8) != 0) == fp8 &&
+                    ((flags & protocol::kMsgFlagWeights) != 0) == (p.topk_weights != nullptr) && num_sel >= 1 &&
+                    num_sel <= kK && src_token >= 0 && src_token < T;
     if (!ok) {
       if (lane == 0 && lead) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
       continue;
@@ -286,6 +271,14 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     }
     if (gpu::WarpAny(bad) && lane == 0 && lead) {
       RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
+    }
+    if (keeps) {  // the message's entry of the expert-side plan (ExpertPlanArea): token, rows and weights
+      uint8_t* const e = c.expert_plans + ExpertPlanArea{R, T}.entry(half, src, j);
+      if (lane == 0) *reinterpret_cast<int2*>(e) = make_int2(src_token, num_sel);
+      if (lane < num_sel) {
+        reinterpret_cast<int*>(e + 16)[lane] = static_cast<int>(my_row);
+        reinterpret_cast<uint32_t*>(e + 16 + 4 * kK)[lane] = weight;
+      }
     }
     const unsigned targets = gpu::WarpBallot(my_row >= 0);
     // The segment goes through registers: loaded once, stored to every selection's row, with its scale words

@@ -162,20 +162,27 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         // Proxy destinations share one staged copy of the payload; each gets its own write command after the round.
         if (to_proxy && active) store(c.proxy_region + L.DispatchPayloadOffset(half, t, fp8));
       } else {
-        // Header per destination: lane i writes bytes [16i, 16i + 16) of the 80-byte header.
+        // Header per destination: lane i < 5 writes bytes [16i, 16i + 16) of the 80-byte header; with
+        // combine_weights, lanes 5-8 write the message's 64-byte weights row (ll_layout.h RouteWeightsOffset).
+        const bool weights = p.topk_weights != nullptr;
         for (unsigned m = pl.opens; m != 0; m &= m - 1) {
           const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* const base = PeerBase(c, lane_peer, d);
-          if (lane >= 5) continue;
-          // Word 4 + i is the token's i-th selection on rank d, in top-k order (registers only: no local array).
+          if (lane >= (weights ? 9 : 5)) continue;
+          // Lane l holds words 4l .. 4l + 3 of [header (20 words) | weights row (16)]: word 4 + i is the token's i-th
+          // selection on rank d, in top-k order, word 20 + i its weight (registers only: no local array).
           uint32_t words[4] = {0, 0, 0, 0};
           int num_sel = 0;
           for (int j = 0; j < K; ++j) {
             if (pl.dst[j] != d) continue;
-            const int wd = 4 + num_sel++;
+            const int i_sel = num_sel++;
             const uint32_t v = protocol::PackSelection(pl.id[j] - d * E_loc, pl.row[j]);
+            const uint32_t wv = lane >= 5 ? __float_as_uint(p.topk_weights[int64_t{t} * K + j]) : 0u;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) words[i] = wd == lane * 4 + i ? v : words[i];
+            for (int i = 0; i < 4; ++i) {
+              words[i] = 4 + i_sel == lane * 4 + i ? v : words[i];
+              words[i] = 20 + i_sel == lane * 4 + i ? wv : words[i];
+            }
           }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -183,11 +190,13 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
             if (wd == 0) words[i] = static_cast<uint32_t>(t);
             if (wd == 1) words[i] = static_cast<uint32_t>(num_sel) | (protocol::kDispatchMsgVersion << 16);
             if (wd == 2) words[i] = seq;
-            if (wd == 3) words[i] = fp8 ? protocol::kMsgFlagFp8 : 0u;
+            if (wd == 3) words[i] = (fp8 ? protocol::kMsgFlagFp8 : 0u) | (weights ? protocol::kMsgFlagWeights : 0u);
           }
-          uint8_t* hdr = base != nullptr ? base + L.RouteHeaderOffset(L.RouteRecvOffset(half, c.rank), pl.slot[k])
-                                         : c.proxy_region + L.RouteHeaderOffset(L.RouteSendOffset(half, d), pl.slot[k]);
-          St16(hdr + lane * 16, make_uint4(words[0], words[1], words[2], words[3]));
+          const int64_t block = base != nullptr ? L.RouteRecvOffset(half, c.rank) : L.RouteSendOffset(half, d);
+          uint8_t* const at = (base != nullptr ? base : c.proxy_region) +
+                              (lane < 5 ? L.RouteHeaderOffset(block, pl.slot[k]) + lane * 16
+                                        : L.RouteWeightsOffset(block, pl.slot[k]) + (lane - 5) * 16);
+          St16(at, make_uint4(words[0], words[1], words[2], words[3]));
         }
       }
     }
@@ -225,12 +234,15 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // The tokens' plan entries for the combine (CarriedPlanArea), from the one round a CTA plans: written here, after the
   // loop, because inside it the stores made the kernel spill.
   if (warp == 1 && lane < K && my_tokens <= kWarps) {
-    for (int tw = 0; tw < my_tokens; ++tw) KeepPlanEntry(c, half, blockIdx.x + tw * G, K, lane, sh->plan[tw]);
+    for (int tw = 0; tw < my_tokens; ++tw) {
+      KeepPlanEntry(c, half, blockIdx.x + tw * G, K, lane, sh->plan[tw], p.topk_weights);
+    }
   }
   if (tid == 0) {  // the publishing thread's loop (the compiler still computes its trip count with one division)
     k_dst = 0;
     for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
-      PublishWhenDone(c, LlOp::kDispatch, half, d, static_cast<uint32_t>(sh->tokens_to_dst[k_dst]), seq);
+      const auto n = static_cast<uint32_t>(sh->tokens_to_dst[k_dst]);
+      PublishWhenDone(c, LlOp::kDispatch, half, d, n, seq, n, p.topk_weights != nullptr);
     }
   }
 }

@@ -155,7 +155,9 @@ __host__ __device__ constexpr unsigned long long PackReceived(uint32_t seq, uint
 ///  - header: {plan key (64 bits, DispatchCall::plan_key; 0 = none kept), the dispatch's seq, num_tokens | K << 24};
 ///  - prefix[E] (int32): for expert g on rank d, the rows this rank routed to d's local experts below g's;
 ///  - entries[T * kMaxTopK] (int32): token t slot k's row in its (expert, source) block, at t*K + k (the slot's expert
-///    the combine takes from its own topk_idx).
+///    the combine takes from its own topk_idx);
+///  - weights[T * kMaxTopK] (fp32): the combine_weights a dispatch carried (kMsgFlagWeights), at t*K + k, so that its
+///    expert-side combine can check that its topk_weights are those the experts' ranks reduced with.
 /// The key comes with the handle (CombineCall::plan_key), so a combine finds its own dispatch's plan, or the later of
 /// two (a captured dispatch replayed into both halves); when it is gone (a later dispatch of the same half replaced
 /// it, the handle has no key, more tokens than one round per CTA: T > kWarps * CTAs), the combine counts.
@@ -167,7 +169,39 @@ struct CarriedPlanArea {
   LLEP_HD constexpr int64_t entries(int slot) const {
     return protocol::AlignUp(prefix(2), 16) + int64_t{4} * T * protocol::kMaxTopK * slot;
   }
-  LLEP_HD constexpr int64_t bytes() const { return entries(2); }
+  LLEP_HD constexpr int64_t weights(int slot) const { return entries(2) + int64_t{4} * T * protocol::kMaxTopK * slot; }
+  LLEP_HD constexpr int64_t bytes() const { return weights(2); }
+};
+
+/// Tokens per CTA a dispatch keeps its plan for (one round: kWarps of ll_device_common.cuh), so a dispatch of more than
+/// this times the CTAs keeps none (and cannot carry combine_weights: GpuBuffer::Dispatch refuses them).
+inline constexpr int kMaxCarriedPlanTokensPerCta = 16;
+
+/// The messages a dispatch receive placed, kept on the expert rank for an expert-side combine
+/// (kernels/EXPERT_SIDE_COMBINE.md; device memory, zeroed at creation; LlDeviceContext::expert_plans). Its combine send
+/// reduces each message's rows into one partial row for the message's home rank, so it must know, per message, the
+/// token, the rows the dispatch wrote and their weights; the route blocks that carried them belong to the peers (their
+/// next dispatch into the half rewrites them, possibly while this rank's combine runs). Slot h holds the last dispatch
+/// received in half h, written by that receive (the entries by each message's first item, the rest by the handle's
+/// CTA), read by a later launch (stream order):
+///  - header: {plan key (64 bits; the dispatch's DispatchCall::plan_key), the dispatch's seq, 0};
+///  - counts[R] (int32): messages received from each source (0 for a masked one);
+///  - entry[src][j] (kEntryBytes): {token index on src, selections n, 0, 0}, rows[kMaxTopK] (int32: local expert *
+///    R*T + row of recv_x, header order), weights[kMaxTopK] (fp32, the same order).
+/// A combine finds its dispatch's slot by the handle's plan key, as CarriedPlanArea; gone (a later dispatch into the
+/// half replaced it) is the caller's error (kDeviceCombineMismatch, kCombinePlanGone), not a fallback.
+struct ExpertPlanArea {
+  int64_t R, T;
+  static constexpr int64_t kHeaderBytes = 16;
+  static constexpr int64_t kEntryBytes = 16 + 8 * int64_t{protocol::kMaxTopK};
+  LLEP_HD static constexpr int64_t header(int slot) { return kHeaderBytes * slot; }
+  LLEP_HD constexpr int64_t counts(int slot) const {
+    return 2 * kHeaderBytes + protocol::AlignUp(int64_t{4} * R, 16) * slot;
+  }
+  LLEP_HD constexpr int64_t entry(int slot, int src, int j) const {
+    return counts(2) + ((int64_t{slot} * R + src) * T + j) * kEntryBytes;
+  }
+  LLEP_HD constexpr int64_t bytes() const { return entry(2, 0, 0); }
 };
 
 /// Per-rank state every launch needs. POD, passed by value.
@@ -202,6 +236,7 @@ struct LlDeviceContext {
   int32_t* mask = nullptr;
   unsigned long long* verdicts = nullptr;
   uint8_t* carried = nullptr;  ///< device CarriedPlanArea{E, T}: the dispatches' token plans kept for their combines
+  uint8_t* expert_plans = nullptr;  ///< device ExpertPlanArea{R, T}: the messages received, for expert-side combines
   /// Divisors fixed per buffer, so kernels divide by multiplying (fast_div.h) instead of running runtime integer
   /// divisions from a cold instruction cache: the launches' grid (num_ctas; LaunchDispatch / LaunchCombine refuse
   /// another: `launches` has one entry per CTA), for a CTA's share of the tokens; and

@@ -273,6 +273,44 @@ __device__ __forceinline__ int FindBlock(const int* starts, int n, int m) {
   return lo;
 }
 
+// ------------------------------------------------------------------------------------------ messages
+
+// Messages counted per source and located by index: the dispatch receive's items and the expert-side combine send's.
+
+/// A message's place: its source and its index among that source's messages.
+struct MessageRef {
+  int src, j;
+};
+
+/// Messages counted over all sources (count(src) each, -1 for a masked source: none). Warp-collective.
+template <typename Count>
+__device__ __forceinline__ int WarpMessageTotal(const Count& count, int R) {
+  const int lane = threadIdx.x % 32;
+  int total = 0;
+  for (int s0 = 0; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(count(s0 + lane), 0) : 0);
+  return total;
+}
+
+/// Message m (< WarpMessageTotal) of the messages taken in source order: a warp scan per 32 sources, so a warp
+/// finds it without a CTA-wide scan and its barriers. Warp-collective, m warp-uniform.
+template <typename Count>
+__device__ __forceinline__ MessageRef LocateMessage(const Count& count, int R, int m) {
+  const int lane = threadIdx.x % 32;
+  int carry = 0;
+  for (int s0 = 0; s0 < R; s0 += 32) {
+    const int v = s0 + lane < R ? max(count(s0 + lane), 0) : 0;
+    const int incl = WarpInclusiveScan(v);
+    const int chunk = gpu::WarpShfl(incl, 31);
+    if (m < carry + chunk) {
+      // Sources of this chunk that end at or before m: a prefix of the lanes, so their count is m's source.
+      const int q = __popc(gpu::WarpBallot(carry + incl <= m));
+      return MessageRef{s0 + q, m - carry - gpu::WarpShfl(incl - v, q)};
+    }
+    carry += chunk;
+  }
+  return MessageRef{R - 1, 0};  // not reached for m < total
+}
+
 // ------------------------------------------------------------------------------------------ carried plans
 
 // The dispatch send keeps its plan of this rank's tokens for the combine receive (ll_kernels.h CarriedPlanArea): plain
@@ -282,10 +320,13 @@ __device__ __forceinline__ CarriedPlanArea CarriedArea(const LlDeviceContext& c)
   return CarriedPlanArea{c.layout.shape.num_experts, c.layout.shape.max_tokens_per_rank};
 }
 
-/// Token t's slot k as the dispatch planned it (one lane per slot): its row in the (expert, source) block.
+/// Token t's slot k as the dispatch planned it (one lane per slot): its row in the (expert, source) block, and the
+/// slot's combine_weights when the dispatch carries them (null: none).
 __device__ __forceinline__ void KeepPlanEntry(const LlDeviceContext& c, int half, int t, int K, int k,
-                                              const TokenPlan& pl) {
-  reinterpret_cast<int*>(c.carried + CarriedArea(c).entries(half))[int64_t{t} * K + k] = pl.row[k];
+                                              const TokenPlan& pl, const float* weights) {
+  const int64_t i = int64_t{t} * K + k;
+  reinterpret_cast<int*>(c.carried + CarriedArea(c).entries(half))[i] = pl.row[k];
+  if (weights != nullptr) reinterpret_cast<float*>(c.carried + CarriedArea(c).weights(half))[i] = weights[i];
 }
 
 /// Destination d's local-expert counts as exclusive prefixes (warp-collective, counts in shared memory).

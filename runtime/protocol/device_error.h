@@ -26,7 +26,13 @@ enum DeviceErrorCode : uint32_t {
   kDeviceProxyFailed = 9,       ///< a FIFO push found the proxy stopped (its abort flag): peer = the destination
   kDeviceCombineMismatch = 10,  ///< an expert rank returned other than the rows this rank's topk_idx selects:
                                 ///< peer = that rank, detail = rows returned << 32 | rows selected; out not written
+                                ///< (or, negative, one of the expert-side combine's causes below)
 };
+/// kDeviceCombineMismatch details of an expert-side combine (kernels/EXPERT_SIDE_COMBINE.md; peer = the recording
+/// rank): the dispatch's kept plan (its messages on an expert rank, or its weights on the home rank) was replaced by a
+/// later dispatch into the same half; the combine's topk_weights differ from the combine_weights its dispatch carried.
+inline constexpr int64_t kCombinePlanGone = -1;
+inline constexpr int64_t kCombineWeightsDiffer = -2;
 inline constexpr uint32_t kNumDeviceErrorCodes = 11;
 
 /// One error a kernel hit. The right to write it is claimed with an atomic on a device-memory word, the fields are

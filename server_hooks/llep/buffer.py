@@ -530,8 +530,10 @@ class Buffer:
 
         combine_weights (llep keyword, default None): the float32 [num_tokens, num_topk] topk_weights this dispatch's
         combine will pass. Given, they travel with the tokens and the combine reduces each token's rows on the experts'
-        ranks, returning one row per (token, rank) instead of one per (token, expert) (kernels/EXPERT_SIDE_COMBINE.md;
-        CPU backend only so far). Not DeepEP-fork's dispatch topk_weights, which returns seven values.
+        ranks, returning one row per (token, rank) instead of one per (token, expert) (kernels/EXPERT_SIDE_COMBINE.md).
+        The combine's topk_weights must be the same values (checked bit for bit); combine such a dispatch before the
+        next-but-one dispatch on this buffer (its half's next dispatch replaces the plan the experts' ranks keep).
+        Not DeepEP-fork's dispatch topk_weights, which returns seven values.
         """
         if kwargs:
             _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)

@@ -10,10 +10,13 @@ Every rank builds two Buffers on one gloo group, one on the NVLink kernels ('cud
 Matrix: num_tokens {1, 3, 64, 128, 256}, hidden {2048, 4096, 7168}, experts {64, 256, 288}, 2 and 4 ranks,
 random and hot-expert routing with -1 holes, FP8 / round_scale / UE8M0 / BF16, hooks on/off, LogFMT, zero-copy,
 async_finish; each case runs many GPU iterations over both buffer halves against CPU references of a few
-distinct inputs, and one case per rank count switches mode and hooks every call on one buffer (128 tokens). Then the
-carried combine plans (combines after three dispatches; copied and keyless handles), then error cases: a bad expert id
-is reported and the buffer stays usable; a rank that never calls makes its peers' kernels time out and report
-LlepTimeoutError instead of hanging.
+distinct inputs, and one case per rank count switches mode and hooks every call on one buffer (128 tokens). The
+`_reduce` cases pass combine_weights at dispatch: the combine reduced at the expert side (kernels/EXPERT_SIDE_COMBINE.md),
+bit for bit against the CPU backend's order. Then the carried combine plans (combines after three dispatches; copied
+and keyless handles), then error cases: a bad expert id is reported and the buffer stays usable; an expert-side
+combine with other weights than its dispatch carried, or whose dispatch's plan a later dispatch replaced, is reported
+and the buffer stays usable; a rank that never calls makes its peers' kernels time out and report LlepTimeoutError
+instead of hanging.
 
 Inter-node path (issue #4): --ranks-per-node N splits the ranks into virtual nodes of N (LLEP_RANKS_PER_NODE), so
 traffic between nodes goes GPU -> FIFO -> CPU proxy -> libfabric (shm by default, LLEP_FABRIC_PROVIDER) -> peer's
@@ -52,7 +55,7 @@ def _iteration_mode(mode, hook, it):
     return MIXED_MODES[it % len(MIXED_MODES)], (it // len(MIXED_MODES)) % 2 == 1
 
 
-# (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters)
+# (name, R, num_tokens, T, H, E, K, mode, routing, hook, zero_copy, logfmt, gpu_iters, reduce)
 def _cases(quick, ranks=(4, 2)):
     cases = []
     modes = ['fp8', 'bf16', 'fp8_round', 'ue8m0']
@@ -73,11 +76,20 @@ def _cases(quick, ranks=(4, 2)):
                 iters = 8 if n >= 128 else 20
                 cases.append((f'R{R}_n{n}_H{H}_E{E}_K{K}_{mode}_{routing}' + ('_hook' if hook else '') +
                               ('_zc' if zero_copy else '') + ('_logfmt' if logfmt else ''),
-                              R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters))
+                              R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters, False))
                 i += 1
         # Modes and hooks switching per call on one buffer at 128 tokens (after the cycled cases: their names keep).
         cases.append((f'R{R}_n128_H7168_E256_K8_mixed_modes_random', R, 128, 128, 7168, 256, 8, 'mixed', 'random',
-                      False, False, False, 2 * len(MIXED_MODES)))
+                      False, False, False, 2 * len(MIXED_MODES), False))
+        # The expert-side combine (combine_weights at dispatch): small and large T, top-k above 8, hooks, zero-copy.
+        for (n, H, E, K, mode, routing, hook, zero_copy) in (
+                (1, 7168, 256, 8, 'fp8', 'random', True, False), (3, 2048, 64, 8, 'bf16', 'hot', False, True),
+                (128, 7168, 256, 8, 'fp8', 'random', False, False), (64, 2048, 64, 12, 'ue8m0', 'random', True, False),
+                (256, 7168, 256, 8, 'bf16', 'hot', True, True)):
+            if E % R == 0:
+                cases.append((f'R{R}_n{n}_H{H}_E{E}_K{K}_{mode}_{routing}' + ('_hook' if hook else '') +
+                              ('_zc' if zero_copy else '') + '_reduce', R, n, max(n, 4), H, E, K, mode, routing, hook,
+                              zero_copy, False, 8 if n >= 128 else 20, True))
     if quick:
         cases = _covering_subset(cases)
     return cases
@@ -91,8 +103,9 @@ def _covering_subset(cases):
     chosen, seen = [], set()
     for c in cases:
         R, n, K, mode, routing, hook, zero_copy, logfmt = c[1], c[2], c[6], c[7], c[8], c[9], c[10], c[11]
-        feats = {(R, 'mode', mode), (R, 'hook', hook), (R, 'zero_copy', zero_copy), (R, 'logfmt', logfmt),
-                 (R, 'routing', routing), (R, 'wide_k', K > 8), (R, 'many_tokens', n >= 128)}
+        feats = {(R, c[13], 'mode', mode), (R, c[13], 'hook', hook), (R, c[13], 'zero_copy', zero_copy),
+                 (R, 'logfmt', logfmt), (R, 'routing', routing), (R, c[13], 'wide_k', K > 8),
+                 (R, c[13], 'many_tokens', n >= 128)}
         if feats - seen:
             chosen.append(c)
             seen |= feats
@@ -120,14 +133,14 @@ def _expert_out(rank, seed, E_loc, rows, H):
     return torch.randn((E_loc, rows, H), generator=g).to(torch.bfloat16)
 
 
-def _run(buf, x, topk, w, y, T, E, mode, hook, zero_copy, logfmt, stats, wait_d, wait_c):
+def _run(buf, x, topk, w, y, T, E, mode, hook, zero_copy, logfmt, stats, wait_d, wait_c, reduce=False):
     use_fp8 = mode != 'bf16'
     round_scale = mode in ('fp8_round', 'ue8m0')
     use_ue8m0 = mode == 'ue8m0'
     recv, count, handle, event, h = buf.low_latency_dispatch(
         x, topk, T, E, cumulative_local_expert_recv_stats=stats, dispatch_wait_recv_cost_stats=wait_d,
         use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, async_finish=not hook,
-        return_recv_hook=hook)
+        return_recv_hook=hook, combine_weights=w if reduce else None)
     if hook:
         h()
     else:
@@ -207,7 +220,7 @@ def _check_paths(buf, rank, R, ranks_per_node, ops):
 
 
 def _case(rank, case, gloo, log):
-    name, R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters = case
+    name, R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters, reduce = case
     E_loc, rows = E // R, R * T
     gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
     gpu.backend = 'cuda'
@@ -222,8 +235,8 @@ def _case(rank, case, gloo, log):
     for seed in seeds:  # CPU references for three distinct inputs, in each mode the case uses
         x, topk, w = _inputs(rank, seed, n, H, E, K, routing)
         y = _expert_out(rank, seed, E_loc, rows, H)
-        refs.append((x, topk, w, y, {m: _run(cpu, x, topk, w, y, T, E, m, False, False, False, cpu_stats, None, None)
-                                     for m in modes}))
+        refs.append((x, topk, w, y, {m: _run(cpu, x, topk, w, y, T, E, m, False, False, False, cpu_stats, None, None,
+                                             reduce) for m in modes}))
     gpu_stats = torch.zeros(E_loc, dtype=torch.int32, device=dev)
     wait_d = torch.zeros(R, dtype=torch.int64, device=dev)
     wait_c = torch.zeros(R, dtype=torch.int64, device=dev)
@@ -235,7 +248,7 @@ def _case(rank, case, gloo, log):
         it_mode, it_hook = _iteration_mode(mode, hook, it)
         ref = by_mode[it_mode]
         got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, it_mode, it_hook, zero_copy, logfmt,
-                   gpu_stats, wait_d, wait_c)
+                   gpu_stats, wait_d, wait_c, reduce)
         torch.cuda.synchronize()
         gpu.check_errors()
         expected_stats += ref[2]
@@ -338,8 +351,18 @@ def _carried_plan_cases(rank, R, gloo, log):
     cpu.destroy()
 
 
+def _expect_input_error(buf, words):
+    """check_errors must raise LlepInvalidArgumentError containing `words`; returns the mismatch, if any."""
+    torch.cuda.synchronize()
+    try:
+        buf.check_errors()
+    except llep.LlepInvalidArgumentError as e:
+        return [] if words in str(e) else [f'error without {words!r}: {e}']
+    return [f'not reported: {words!r}']
+
+
 def _error_cases(rank, R, gloo, log):
-    """Bad expert id (recoverable) and a silent peer (timeout, not a hang)."""
+    """Bad expert id and the expert-side combine's input errors (recoverable), a silent peer (timeout, not a hang)."""
     T, H, E, K = 8, 2048, 16 if 16 % R == 0 else 2 * R, 4
     dev = torch.device('cuda', torch.cuda.current_device())
     buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
@@ -367,6 +390,23 @@ def _error_cases(rank, R, gloo, log):
     torch.cuda.synchronize()
     buf.check_errors()
     log({'case': 'bad_expert_id_reported_and_recovered', 'rank': rank, 'ok': not errs, 'errors': errs})
+
+    # The expert-side combine's two input errors (kernels/EXPERT_SIDE_COMBINE.md), reported by check_errors on every
+    # rank, each followed by a clean expert-side round trip: other weights than the dispatch carried; a handle whose
+    # dispatch's plan a later dispatch into the same half replaced (A, B, C: C takes A's half).
+    wd = w.to(dev)
+    recv, _, handle, _, _ = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False, combine_weights=wd)
+    buf.low_latency_combine(recv, topk, wd * 2, handle)
+    errs.extend(_expect_input_error(buf, 'differ from the combine_weights its dispatch carried'))
+    sent = [buf.low_latency_dispatch(x, topk, T, E, use_fp8=False, combine_weights=wd) for _ in range(3)]
+    buf.low_latency_combine(sent[0][0], topk, wd, sent[0][2])
+    errs.extend(_expect_input_error(buf, 'no longer holds the plan'))
+    recv, _, handle, _, _ = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False, combine_weights=wd)
+    out, _, _ = buf.low_latency_combine(recv, topk, wd, handle)
+    torch.cuda.synchronize()
+    buf.check_errors()
+    log({'case': 'expert_side_combine_input_errors_reported_and_recovered', 'rank': rank, 'ok': not errs,
+         'errors': errs})
 
     # Rank 1 skips a dispatch: everyone else must get LlepTimeoutError within the configured timeout.
     errs = []
@@ -428,6 +468,7 @@ def main():
     ap.add_argument('--ranks', type=int, nargs='*', default=[4, 2],
                     help='rank counts to run, each with the cases whose experts it divides (e.g. 9: the '
                          'E = 288 cases; more sources per receive than 2 or 4)')
+    ap.add_argument('--only', default='', help='run only the cases whose name contains this string')
     ap.add_argument('--ranks-per-node', type=int, default=0,
                     help='virtual nodes of N ranks: inter-node traffic through the CPU proxy (0 = one node)')
     args = ap.parse_args()
@@ -435,7 +476,7 @@ def main():
         print('gpu_vs_cpu: SKIPPED (no CUDA device or llep built without CUDA)')
         return 0
     open(args.results, 'w').close()
-    all_cases = _cases(args.quick, args.ranks)
+    all_cases = [c for c in _cases(args.quick, args.ranks) if args.only in c[0]]
     rc = 0
     for R in args.ranks:
         cases = [c for c in all_cases if c[1] == R]

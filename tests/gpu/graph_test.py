@@ -10,6 +10,8 @@ capture) while the metrics exporter's collector thread snapshots every milliseco
   two_microbatches  dispatch-send A, dispatch-send B, hook A, hook B, combine A, combine B, hooks (FP8 round_scale)
   odd_calls         dispatch, combine, the same combine again: 3 calls, so each replay flips the parity a host
                     counter would bake (DeepEP#93)
+  expert_side       hooks with combine_weights at dispatch (the combine reduced at the experts' ranks), every size;
+  expert_side_two_microbatches  the same with two micro-batches (FP8): a kept plan per buffer half in flight
 With LLEP_RANKS_PER_NODE set (virtual nodes), the same runs over the inter-node path and checks that the replays'
 kernels pushed their traffic to the CPU proxy. Then it replays them --steps times (default 10,000) in random order: each step all ranks pick the same kind and
 input variant, each rank its own graph size among those that hold its tokens (so ranks replay different graphs at
@@ -81,7 +83,7 @@ def _soak(rank, R, T, steps, gloo, log):
         for v in range(VARIANTS):
             n = inputs[v][0].size(0)
             # two micro-batches split the padded batch: its references are per captured size
-            for size in ([s for s in eager.sizes if s >= n] if kind == 'two_microbatches' else [None]):
+            for size in ([s for s in eager.sizes if s >= n] if kind.endswith('two_microbatches') else [None]):
                 refs[(kind, v, size)] = tuple(t.to(dev) for t in eager.run(*inputs[v], size=size))
     gpu_inputs = {v: tuple(t.to(dev) for t in inputs[v]) for v in inputs}
 
@@ -120,7 +122,7 @@ def _soak(rank, R, T, steps, gloo, log):
         n = gpu_inputs[v][0].size(0)
         size = local.choice([s for s in g.sizes if s >= n])
         got = g.run(*gpu_inputs[v], size=size)
-        ref = refs[(kind, v, size if kind == 'two_microbatches' else None)]
+        ref = refs[(kind, v, size if kind.endswith('two_microbatches') else None)]
         flags[i] = graph_steps.mismatch(got, ref)
         plan.append((kind, v, size))
         d, c = graph_steps.KINDS[kind][2]
@@ -137,7 +139,7 @@ def _soak(rank, R, T, steps, gloo, log):
     if bad:
         kind, v, size = plan[bad[0]]
         got = graphs[kind].run(*gpu_inputs[v], size=size)
-        ref = refs[(kind, v, size if kind == 'two_microbatches' else None)]
+        ref = refs[(kind, v, size if kind.endswith('two_microbatches') else None)]
         errs.append(f'{len(bad)} of {steps} replays differ from the CPU backend; first: step {bad[0]} ({kind}, '
                     f'variant {v}, size {size}): {graph_steps.describe_mismatch(got, ref)}')
     after = gpu.metrics_snapshot()['ops']

@@ -18,6 +18,10 @@ KINDS: Dict[str, Tuple[str, Optional[List[int]], Tuple[int, int]]] = {
     'no_hooks': ('bf16', [0, 3], (1, 1)),     # one launch per operation; sizes: max and 3
     'two_microbatches': ('fp8_round', [0], (2, 2)),
     'odd_calls': ('fp8', [0, 5], (1, 2)),     # dispatch, combine, the same combine again: 3 LL calls per replay
+    # The combine reduced at the expert side (combine_weights at dispatch): hooks at every size, and two micro-batches
+    # (two kept plans in flight, one per buffer half).
+    'expert_side': ('bf16', None, (1, 1)),
+    'expert_side_two_microbatches': ('fp8', [0], (2, 2)),
 }
 
 
@@ -76,12 +80,13 @@ def make_step(buffer: Any, kind: str, T: int, E: int,
             out, _, _ = buffer.low_latency_combine(y, topk_idx, topk_weights, handle)
             again, _, _ = buffer.low_latency_combine(y, topk_idx, topk_weights, handle)
             return (torch.cat([out, again], dim=1), *seen)  # per token, as output 0 of every kind
-        if kind == 'two_microbatches':
+        expert_side = kind.startswith('expert_side')
+        if kind.endswith('two_microbatches'):
             out = moe_step_two_microbatches(buffer, x, topk_idx, topk_weights, recording_expert, between=between,
-                                            **kw)
+                                            expert_side=expert_side, **kw)
         else:
-            out = moe_step(buffer, x, topk_idx, topk_weights, recording_expert, use_hooks=kind == 'hooks',
-                           between=between, **kw)
+            out = moe_step(buffer, x, topk_idx, topk_weights, recording_expert, use_hooks=kind != 'no_hooks',
+                           between=between, expert_side=expert_side, **kw)
         return (out, *seen)
 
     return step

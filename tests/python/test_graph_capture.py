@@ -56,13 +56,14 @@ def _worker(rank, port):
             biggest = graphs.run(x, ids, w, size=T)
             direct = step(x, ids, w)
             for name, got in (('padded', padded), ('max size', biggest)):
-                if kind == 'two_microbatches':  # the micro-batches split the padded batch: compare the output only
+                if kind.endswith('two_microbatches'):  # micro-batches split the padded batch: compare the output only
                     got, direct = got[:1], direct[:1]
                 if graph_steps.mismatch(got, direct):
                     failures.append(f'{kind} seed {seed} n {n} {name}: {graph_steps.describe_mismatch(got, direct)}')
-            if kind == 'two_microbatches':
+            if kind.endswith('two_microbatches'):
                 whole = moe_step(buf, x, ids, w, graph_steps.expert, num_max_dispatch_tokens_per_rank=T,
-                                 num_experts=E, **graph_steps.mode_flags(graph_steps.KINDS[kind][0]))
+                                 num_experts=E, expert_side=kind.startswith('expert_side'),
+                                 **graph_steps.mode_flags(graph_steps.KINDS[kind][0]))
                 if not torch.equal(whole.view(torch.int16), padded[0].view(torch.int16)):
                     failures.append(f'two micro-batches combine differently from one batch (seed {seed})')
             if n < T and padded[0].size(0) != n:
