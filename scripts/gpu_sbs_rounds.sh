@@ -19,6 +19,7 @@
 #   LLEP_GRAPH_TEST_ARGS graph_test.py arguments for the working tree first (e.g. "--ranks 2 --steps 400")
 #   LLEP_SBS_DEEPEP=1    also one llep + DeepEP run of the working tree at the end (carry .baseline: a copy of
 #                        ../shared/baseline, never committed), saved as $OUT/sbs_dual.json and .png
+#   LLEP_SBS_DUAL_ENV    VAR=VALUE pairs (space-separated) for that run, e.g. LLEP_SBS_EXPERT_SIDE=1
 #   LLEP_SBS_BUDGET_S    no run starts after this many seconds (default 540: the device's 10-minute command limit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,7 +90,8 @@ if [ "${LLEP_SBS_DEEPEP:-0}" = 1 ]; then
   wait_deepep_build
   if [ -n "$deepep_path" ] && [ "$(left)" -gt 45 ]; then
     # shellcheck disable=SC2086
-    PYTHONPATH="$new_pkg:$deepep_path" timeout "$(run_s)" python3 bench/ll_side_by_side.py --systems llep,deepep \
+    env ${LLEP_SBS_DUAL_ENV:-} PYTHONPATH="$new_pkg:$deepep_path" timeout "$(run_s)" python3 bench/ll_side_by_side.py \
+      --systems llep,deepep \
       --json "$OUTDIR/sbs_dual.json" $args > "$LOGS/sbs_dual.log" 2>&1
     step "llep + DeepEP rc=$?"
   fi

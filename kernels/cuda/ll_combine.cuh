@@ -54,10 +54,36 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   const bool n0 = p.plan_key != 0 && protocol::JoinHalves(h0.y, h0.x) == p.plan_key;
   const bool n1 = p.plan_key != 0 && protocol::JoinHalves(h1.y, h1.x) == p.plan_key;
   const int slot = n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
-  for (int d = tid; d < R; d += kThreads) {
-    msgs[d] = slot >= 0 ? reinterpret_cast<const int*>(c.expert_plans + xp.counts(slot))[d] : 0;
+  for (int d = tid; d < R; d += kThreads) {  // both slots' counts, loaded with the headers: one round trip
+    const int a = reinterpret_cast<const int*>(c.expert_plans + xp.counts(0))[d];
+    const int b = reinterpret_cast<const int*>(c.expert_plans + xp.counts(1))[d];
+    msgs[d] = slot == 0 ? a : slot == 1 ? b : 0;
   }
   __syncthreads();
+  const auto count = [&](int d) { return msgs[d]; };
+  const int total = WarpMessageTotal(count, R);
+  const int chunks = (H + 255) / 256;
+  int lg = 0;
+  while (c.proxy_region == nullptr && (2 << lg) <= chunks && (total << (lg + 1)) <= G * kWarps) ++lg;
+  // An item's message: its home rank d, token t, selections n, and lane i's row and weight of selection i. The warp's
+  // first item is loaded before the gate opens (the plan is an earlier launch's; nothing is written before the gate).
+  struct Item {
+    int d, t, n, row;
+    float w;
+  };
+  const auto load = [&](int item) {
+    const MessageRef ref = LocateMessage(count, R, item >> lg);
+    const uint8_t* const e = c.expert_plans + xp.entry(slot, ref.src, ref.j);
+    const int2 meta = *reinterpret_cast<const int2*>(e);  // {token on d, selections}
+    Item it{ref.src, meta.x, min(meta.y, kK), 0, 0.0f};
+    if (lane < kK) {
+      it.row = reinterpret_cast<const int*>(e + 16)[lane];
+      it.w = reinterpret_cast<const float*>(e + 16 + 4 * kK)[lane];
+    }
+    return it;
+  };
+  const int first = warp * G + blockIdx.x;
+  Item cur = first < (total << lg) ? load(first) : Item{0, 0, 0, 0, 0.0f};
   Trace(c, LlOp::kCombine, kTracePlanned);
   const uint32_t seq = gate.Open();
   if (seq == 0) return;
@@ -67,25 +93,15 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   if (slot < 0 && blockIdx.x == 0 && tid == 0) {
     RecordError(c, protocol::kDeviceCombineMismatch, LlOp::kCombine, c.rank, seq, protocol::kCombinePlanGone);
   }
-  const auto count = [&](int d) { return msgs[d]; };
-  const int total = WarpMessageTotal(count, R);
-  const int chunks = (H + 255) / 256;
-  int lg = 0;
-  while (c.proxy_region == nullptr && (2 << lg) <= chunks && (total << (lg + 1)) <= G * kWarps) ++lg;
   // The rows to reduce: x [E_loc * R*T rows of H], or with zero_copy the staged rows (c_send of kZeroCopyHalf); an
   // entry's row is local expert * R*T + row either way.
   const uint8_t* const rows_base =
       p.zero_copy ? c.local + L.CombineSendOffset(kZeroCopyHalf, 0, 0) : reinterpret_cast<const uint8_t*>(p.x);
   const int64_t row_stride = p.zero_copy ? L.combine_stride : int64_t{2} * H;
-  for (int item = warp * G + blockIdx.x; item < (total << lg); item += G * kWarps) {
-    const int m = item >> lg, g = item & ((1 << lg) - 1);
-    const MessageRef ref = LocateMessage(count, R, m);
-    const int d = ref.src;
-    const uint8_t* const e = c.expert_plans + xp.entry(slot, d, ref.j);
-    const int2 meta = *reinterpret_cast<const int2*>(e);  // {token on d, selections}
-    const int row_l = lane < kK ? reinterpret_cast<const int*>(e + 16)[lane] : 0;
-    const float w_l = lane < kK ? reinterpret_cast<const float*>(e + 16 + 4 * kK)[lane] : 0.0f;
-    const int t = meta.x, n = min(meta.y, kK);
+  for (int item = first; item < (total << lg); item += G * kWarps) {
+    if (item != first) cur = load(item);
+    const int g = item & ((1 << lg) - 1), d = cur.d, t = cur.t, n = cur.n, row_l = cur.row;
+    const float w_l = cur.w;
     uint8_t* const peer = PeerBase(c, lane_peer, d);
     uint8_t* const dst = peer != nullptr ? peer + L.CombineRecvOffset(half, c.rank, t)
                                          : c.proxy_region + L.CombinePartOffset(half, d, t);
