@@ -154,18 +154,19 @@ def _check_expert_reduced(buf, rank, seed, use_fp8, hook_mode, zero_copy):
                 ref[t] += part.to(torch.bfloat16).double()
         # Exact but for the fp32 accumulation and the final rounding: within a bf16 ulp of the float64 order.
         assert torch.allclose(out.double(), ref, rtol=2 ** -7, atol=0), (out.double() - ref).abs().max()
-    # DeepEP's combine of the same rows (a plain dispatch and combine) differs only by the partials' rounding.
+    # Bitwise deterministic (the handle's dispatch is still the last one of its buffer half: kept), and the combine's
+    # weights must be the dispatch's, bit for bit.
+    again, _, _ = buf.low_latency_combine(y, topk, w, handle)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+    with pytest.raises(ValueError, match='differ from the topk_weights its dispatch carried'):
+        buf.low_latency_combine(y, topk, w * 2, handle)
+    # DeepEP's combine of the same rows (a plain dispatch and combine) differs only by the partials' rounding. That
+    # dispatch takes the half of the handle's (two calls later): the handle's plan is gone.
     recv2, _, handle2, _, _ = buf.low_latency_dispatch(x, topk, T, E, use_fp8=use_fp8)
     y2 = _dequant(*(recv2 if use_fp8 else (recv2, None)), use_fp8, False).to(torch.bfloat16)
     plain, _, _ = buf.low_latency_combine(y2, topk, w, handle2)
     assert handle[2].expert_reduced and not handle2[2].expert_reduced
     assert _calc_diff(plain, out) < 1e-5
-    # Bitwise deterministic (the handle's dispatch is the one before last: still kept), and the combine's weights
-    # must be the dispatch's.
-    again, _, _ = buf.low_latency_combine(y, topk, w, handle)
-    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
-    with pytest.raises(ValueError, match='differ from the topk_weights its dispatch carried'):
-        buf.low_latency_combine(y, topk, w * 2, handle)
 
 
 def _check_metrics(buf, rank, rounds):
@@ -239,8 +240,8 @@ def _worker(rank, port, provider):
 
     for i, (use_fp8, hook_mode) in enumerate(((False, False), (True, True), (False, True))):
         _check_expert_reduced(buf, rank, 50 + i, use_fp8, hook_mode, zero_copy=i == 2)
-    # A handle whose dispatch's messages two later dispatches with weights replaced: a typed error on every rank,
-    # raised before anything is sent.
+    # A handle whose dispatch's messages a later dispatch into the same buffer half replaced (the second after it): a
+    # typed error on every rank, raised before anything is sent.
     x, topk, w = _inputs(rank, 60)
     old = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False, combine_weights=w)
     for _ in range(2):
