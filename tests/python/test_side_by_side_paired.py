@@ -38,7 +38,7 @@ class _FakeSystem:
         slow = 3.0 if (self.n // 15) % 2 else 1.0  # the host's speed mode, by this system's call count
         _Clock.ns += int(us * slow * 1000)
 
-    def dispatch(self, x, topk, T_max, **kw):
+    def dispatch(self, x, topk, w, T_max, **kw):  # ll_side_by_side._System.dispatch
         self.calls.append(self.name)
         self._advance(COST_US[self.name][0])
         return None, None, ('handle', self.name), None, None
@@ -102,7 +102,7 @@ def test_one_system_columns_use_the_same_sampling(fake_gpu):
     llep = _FakeSystem('llep', calls)
 
     def dispatch():
-        return llep.dispatch(None, None, 4)[2]
+        return llep.dispatch(None, None, None, 4)[2]
 
     def combine(h):
         llep.combine(None, None, None, h)
