@@ -61,6 +61,33 @@ protocol::DispatchCall SendCall(const uint16_t* x, protocol::DispatchMode mode) 
   return c;
 }
 
+// Every rank r draws random inputs of tokens(r) tokens, top-K, and sends them as the BF16 dispatch of call 1; with
+// `weights` its topk weights travel as combine_weights.
+template <typename Tokens>
+void SendRandomBf16Dispatches(World* w, const LlShape& s, int K, Tokens tokens, bool weights, std::mt19937* rng,
+                              std::vector<Inputs>* in, std::vector<RoutePlan>* plans) {
+  plans->resize(s.num_ranks);
+  for (int r = 0; r < s.num_ranks; ++r) {
+    in->push_back(Random(s, tokens(r), K, rng));
+    BuildRoutePlan(s, (*in)[r].topk.data(), tokens(r), K, &(*plans)[r]);
+    protocol::DispatchCall call = SendCall((*in)[r].x.data(), {false, false, false});
+    if (weights) call.topk_weights = (*in)[r].w.data();
+    ASSERT_TRUE(DispatchSendHost(w->Ctx(r), {&call, &(*plans)[r], 1}));
+  }
+}
+
+// A receive call writing into the given outputs.
+protocol::DispatchCall RecvCall(protocol::DispatchMode mode, uint16_t* recv_x, int32_t* count, int32_t* src_info,
+                                int64_t* layout_range) {
+  protocol::DispatchCall c;
+  c.mode = mode;
+  c.recv_x = recv_x;
+  c.recv_count = count;
+  c.src_info = src_info;
+  c.layout_range = layout_range;
+  return c;
+}
+
 TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   const LlShape s{8, 256, 8, 4};
   const int K = 3, E_loc = 2;
@@ -68,14 +95,10 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
   World w(s);
   std::mt19937 rng(11);
   std::vector<Inputs> in;
-  std::vector<RoutePlan> plans(s.num_ranks);
+  std::vector<RoutePlan> plans;
   const protocol::DispatchMode mode{false, false, false};
-  for (int r = 0; r < s.num_ranks; ++r) {
-    in.push_back(Random(s, 5 + r, K, &rng));
-    BuildRoutePlan(s, in[r].topk.data(), 5 + r, K, &plans[r]);
-    const protocol::DispatchCall call = SendCall(in[r].x.data(), mode);
-    ASSERT_TRUE(DispatchSendHost(w.Ctx(r), {&call, &plans[r], 1}));
-  }
+  SendRandomBf16Dispatches(
+      &w, s, K, [](int r) { return 5 + r; }, false, &rng, &in, &plans);
   std::vector<std::vector<uint16_t>> recv_x(s.num_ranks, std::vector<uint16_t>(E_loc * rows * s.hidden));
   std::vector<std::vector<int64_t>> lr(s.num_ranks, std::vector<int64_t>(E_loc * s.num_ranks));
   for (int me = 0; me < s.num_ranks; ++me) {
@@ -88,12 +111,7 @@ TEST(LlHostTest, Bf16DispatchAndCombineRoundTrip) {
       EXPECT_EQ(tokens[src], static_cast<uint32_t>(plans[src].tokens_per_dst[me]));
     }
     std::vector<int32_t> count(E_loc), src_info(E_loc * rows);
-    protocol::DispatchCall call;
-    call.mode = mode;
-    call.recv_x = recv_x[me].data();
-    call.recv_count = count.data();
-    call.src_info = src_info.data();
-    call.layout_range = lr[me].data();
+    const protocol::DispatchCall call = RecvCall(mode, recv_x[me].data(), count.data(), src_info.data(), lr[me].data());
     ASSERT_EQ(DispatchRecvHost(w.Ctx(me), {&call, 1, tokens.data()}), "");
     // Every valid row holds exactly the source token it names.
     for (int le = 0; le < E_loc; ++le) {
@@ -147,15 +165,10 @@ TEST(LlHostTest, ExpertReducedCombineIsExactInItsOrder) {
   World w(s);
   std::mt19937 rng(29);
   std::vector<Inputs> in;
-  std::vector<RoutePlan> plans(s.num_ranks);
+  std::vector<RoutePlan> plans;
   const protocol::DispatchMode mode{false, false, false};
-  for (int r = 0; r < s.num_ranks; ++r) {
-    in.push_back(Random(s, 6 + r % 2, K, &rng));
-    BuildRoutePlan(s, in[r].topk.data(), 6 + r % 2, K, &plans[r]);
-    protocol::DispatchCall call = SendCall(in[r].x.data(), mode);
-    call.topk_weights = in[r].w.data();
-    ASSERT_TRUE(DispatchSendHost(w.Ctx(r), {&call, &plans[r], 1}));
-  }
+  SendRandomBf16Dispatches(
+      &w, s, K, [](int r) { return 6 + r % 2; }, true, &rng, &in, &plans);
   std::vector<std::vector<uint16_t>> recv_x(s.num_ranks, std::vector<uint16_t>(E_loc * rows * s.hidden));
   std::vector<std::vector<int64_t>> lr(s.num_ranks, std::vector<int64_t>(E_loc * s.num_ranks));
   std::vector<ExpertSidePlan> kept(s.num_ranks);
@@ -163,13 +176,8 @@ TEST(LlHostTest, ExpertReducedCombineIsExactInItsOrder) {
     std::vector<uint32_t> tokens(s.num_ranks);
     for (int src = 0; src < s.num_ranks; ++src) tokens[src] = static_cast<uint32_t>(plans[src].tokens_per_dst[me]);
     std::vector<int32_t> count(E_loc), src_info(E_loc * rows);
-    protocol::DispatchCall call;
-    call.mode = mode;
+    protocol::DispatchCall call = RecvCall(mode, recv_x[me].data(), count.data(), src_info.data(), lr[me].data());
     call.topk_weights = in[me].w.data();  // this rank's own call carries weights too
-    call.recv_x = recv_x[me].data();
-    call.recv_count = count.data();
-    call.src_info = src_info.data();
-    call.layout_range = lr[me].data();
     ASSERT_EQ(DispatchRecvHost(w.Ctx(me), {&call, 1, tokens.data(), &kept[me]}), "");
     for (int src = 0; src < s.num_ranks; ++src) {
       ASSERT_EQ(kept[me].by_src[src].size(), tokens[src]);
