@@ -26,6 +26,9 @@ reported. Before timing, both systems pass a correctness gate at that T (BF16 di
 combine must return sum_k w[t, k] * x[t] over the valid slots; recv_count must equal the routed counts), so a
 broken kernel cannot produce a fast number.
 
+--expert-side (or LLEP_SBS_EXPERT_SIDE=1): llep's dispatch carries combine_weights, so its combine is reduced at the
+expert side (kernels/EXPERT_SIDE_COMBINE.md); DeepEP's calls are unchanged.
+
 Ranks: one process per GPU (--ranks defaults to the visible GPUs). --ranks larger than the GPU count makes ranks
 share GPUs: the protocol runs, the times do not mean anything (the table says so). Output: a table last,
 --json PATH (all numbers) and a PNG plot of eager and graph round trips vs T beside it (PATH with .png).

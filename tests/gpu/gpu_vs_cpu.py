@@ -13,10 +13,10 @@ async_finish; each case runs many GPU iterations over both buffer halves against
 distinct inputs, and one case per rank count switches mode and hooks every call on one buffer (128 tokens). The
 `_reduce` cases pass combine_weights at dispatch: the combine reduced at the expert side (kernels/EXPERT_SIDE_COMBINE.md),
 bit for bit against the CPU backend's order. Then the carried combine plans (combines after three dispatches; copied
-and keyless handles), then error cases: a bad expert id is reported and the buffer stays usable; an expert-side
-combine with other weights than its dispatch carried, or whose dispatch's plan a later dispatch replaced, is reported
-and the buffer stays usable; a rank that never calls makes its peers' kernels time out and report LlepTimeoutError
-instead of hanging.
+and keyless handles) and the expert-side combine with uneven and empty batches, then error cases: a bad expert id is
+reported and the buffer stays usable; an expert-side combine with other weights than its dispatch carried, or whose
+dispatch's plan a later dispatch replaced, is reported and the buffer stays usable; a rank that never calls makes its
+peers' kernels time out and report LlepTimeoutError instead of hanging.
 
 Inter-node path (issue #4): --ranks-per-node N splits the ranks into virtual nodes of N (LLEP_RANKS_PER_NODE), so
 traffic between nodes goes GPU -> FIFO -> CPU proxy -> libfabric (shm by default, LLEP_FABRIC_PROVIDER) -> peer's
@@ -351,6 +351,35 @@ def _carried_plan_cases(rank, R, gloo, log):
     cpu.destroy()
 
 
+def _expert_side_uneven_batches(rank, R, gloo, log, backend='cuda'):
+    """combine_weights with a rank that has no tokens (an empty micro-batch: its weights tensor's data_ptr() is 0, and
+    it must still say it carries weights, or its peers' messages disagree with it) and ranks of different sizes,
+    hooks and not, against the CPU backend bit for bit."""
+    T, H, E, K = 8, 2048, 16 * R, 8
+    E_loc, rows = E // R, R * T
+    dev = torch.device('cuda', torch.cuda.current_device()) if backend == 'cuda' else torch.device('cpu')
+    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    gpu.backend = backend
+    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    cpu.backend = 'cpu'
+    errs = []
+    for it, hook in enumerate((False, True, False)):
+        n = 0 if rank == (1 + it) % R else 1 + (rank + it) % T
+        # Cloned: an empty tensor of its own has data_ptr() 0, as an engine's empty micro-batch does.
+        x, topk, w = (t[:n].clone() for t in _inputs(rank, 70 + it, max(n, 1), H, E, K, 'random'))
+        y = _expert_out(rank, 70 + it, E_loc, rows, H)
+        ref = _run(cpu, x, topk, w, y, T, E, 'fp8', False, False, False, None, None, None, True)
+        got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, 'fp8', hook, False, False, None, None,
+                   None, True)
+        if backend == 'cuda':
+            torch.cuda.synchronize()
+        gpu.check_errors()
+        errs.extend(f'call {it} ({n} tokens here): {m}' for m in _compare(ref, got, E_loc))
+    gpu.destroy()
+    cpu.destroy()
+    log({'case': 'expert_side_uneven_and_empty_batches', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
+
+
 def _expect_input_error(buf, words):
     """check_errors must raise LlepInvalidArgumentError containing `words`; returns the mismatch, if any."""
     torch.cuda.synchronize()
@@ -456,6 +485,7 @@ def _worker(rank, R, port, cases, results_path, ranks_per_node):
             log({'case': case[0], 'rank': rank, 'ok': False, 'errors': [traceback.format_exc()[-1500:]]})
             raise
     _carried_plan_cases(rank, R, gloo, log)
+    _expert_side_uneven_batches(rank, R, gloo, log)
     os.environ['LLEP_TIMEOUT_S'] = '3'
     _error_cases(rank, R, gloo, log)
     dist.destroy_process_group()
