@@ -16,8 +16,7 @@ namespace {
 
 using protocol::LlOp;
 
-constexpr int kWarps = 16;
-static_assert(kMaxCarriedPlanTokensPerCta == kWarps, "a CTA keeps the plan of the one round it plans");
+constexpr int kWarps = kMaxCarriedPlanTokensPerCta;  // a CTA plans (and keeps the plan of) one token per warp
 constexpr int kThreads = kWarps * 32;
 constexpr int kK = protocol::kMaxTopK;
 constexpr int kChunk = kDispatchChunk;  // channels per dispatch work item: 16 per lane
@@ -163,8 +162,7 @@ __device__ __forceinline__ const uint8_t* SrcBase(const LlDeviceContext& c, int 
 }
 
 /// Pushes a command for proxy peer `dst`; the caller fenced (system scope) the staged bytes it names. A push that
-/// finds the proxy stopped records protocol::kDeviceProxyFailed and returns (the operation then times out on its
-/// peers).
+/// finds the proxy stopped records protocol::kDeviceProxyFailed and returns (the operation times out on its peers).
 __device__ void PushCmd(const LlDeviceContext& c, int dst, const protocol::FifoCmd& cmd, LlOp op, uint32_t seq) {
   if (!protocol::FifoPush(c.fifos[dst], cmd)) RecordError(c, protocol::kDeviceProxyFailed, op, dst, seq, 0);
 }
@@ -207,8 +205,7 @@ __device__ __forceinline__ void StampMax(uint64_t* p) {
 /// send and receive both stamped it (recv_seq == seq) and it is not binned yet. Stamps that do not make sense (an
 /// operation cut short by an error) are dropped rather than binned. The slot's words load together, all used before
 /// the first branch: one round trip. (One thread walking the four slots, each slot's loads after the previous slot's
-/// check, held the binning CTA's plan until 4.4-4.5 us of a 6 us dispatch receive at T <= 8, 3.5 us with this:
-/// bench/RESULTS.md session 28.)
+/// check, held the binning CTA's plan until 4.4-4.5 us of a 6 us receive at T <= 8, 3.5 us with this: RESULTS s28.)
 __device__ __forceinline__ void BinFinishedOp(const LlDeviceContext& c, int i, uint32_t except) {
   OpStamps& slot = c.stamps[i];
   const auto* w = reinterpret_cast<const unsigned long long*>(&slot);
@@ -443,19 +440,17 @@ __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op
 }
 
 // Completion of an operation towards one destination: a 64-bit counter per (half, op, dst) (LlDeviceContext::done)
-// gets one fire-and-forget add per message, each after its sender's fence (FenceBeforeCount); the CTA that knows the
-// message count n polls the counter until it reads n, publishes the signal word with a release store and then
-// resets the counter for the next call on this half (stream-ordered after this launch). Measured against "the add that
-// completes the count publishes" (adds that return a value): equal at T=128, 2.7 us faster at T=1 (senders never wait).
+// gets one fire-and-forget add per message (or message part), each after its sender's fence (FenceBeforeCount); the CTA
+// that knows the count polls until it reads all adds, publishes the signal word (message count n) with a release store
+// and resets the counter for the next call on this half (stream-ordered after this launch). Measured against "the add
+// that completes the count publishes": equal at T=128, 2.7 us faster at T=1 (senders never wait).
 __device__ __forceinline__ void AddDone(const LlDeviceContext& c, LlOp op, int half, int dst) {
   atomicAdd(reinterpret_cast<unsigned long long*>(
                 c.done + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + dst),
             1ull);
 }
 
-/// Publishes signal value n once `adds` completion adds arrived (one per message, or per message part when a message
-/// is split over warps: the expert-side combine send). `weights_rows`: a proxy destination's dispatch route block
-/// carries its messages' weights rows (a second write command).
+/// `weights_rows`: a proxy destination's dispatch route block carries its messages' weights rows (a second write).
 __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int dst, uint32_t n, uint32_t seq,
                                 uint32_t adds, bool weights_rows) {
   uint64_t* ctr = c.done + (half * protocol::kNumLlOps + static_cast<int>(op)) * c.layout.shape.num_ranks + dst;

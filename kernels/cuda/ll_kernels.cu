@@ -31,14 +31,15 @@
 //
 // Files (one translation unit): ll_device_common.cuh (constants, memory model, errors, proxy pushes, metrics stamps,
 // signal waits and publishing), ll_call_gate.cuh (the graph-safe call state, read while a phase's first work runs),
-// ll_routing.cuh (topk validation, token plans, scans, FP8 encoder), ll_dispatch_send.cuh, ll_dispatch_recv.cuh and
-// ll_combine.cuh (the phases), and this file (the two kernels, the launchers). The same sources build for AMD GPUs with
-// hipcc (LLEP_GPU=hip): runtime/protocol/gpu_port.h maps the device intrinsics, runtime/protocol/gpu_api.h the runtime
-// API; kernels/HIP_PORT.md.
+// ll_routing.cuh (topk validation, token plans, scans, bf16 sums, FP8 encoder), ll_dispatch_send.cuh,
+// ll_dispatch_recv.cuh, ll_combine_send.cuh and ll_combine_recv.cuh (the phases), and this file (the two kernels, the
+// launchers). The same sources build for AMD GPUs with hipcc (LLEP_GPU=hip): runtime/protocol/gpu_port.h maps the
+// device intrinsics, runtime/protocol/gpu_api.h the runtime API; kernels/HIP_PORT.md.
 #include <algorithm>
 
 #include "kernels/cuda/ll_call_gate.cuh"
-#include "kernels/cuda/ll_combine.cuh"
+#include "kernels/cuda/ll_combine_recv.cuh"
+#include "kernels/cuda/ll_combine_send.cuh"
 #include "kernels/cuda/ll_device_common.cuh"
 #include "kernels/cuda/ll_dispatch_recv.cuh"
 #include "kernels/cuda/ll_dispatch_send.cuh"

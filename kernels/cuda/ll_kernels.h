@@ -173,8 +173,9 @@ struct CarriedPlanArea {
   LLEP_HD constexpr int64_t bytes() const { return weights(2); }
 };
 
-/// Tokens per CTA a dispatch keeps its plan for (one round: kWarps of ll_device_common.cuh), so a dispatch of more than
-/// this times the CTAs keeps none (and cannot carry combine_weights: GpuBuffer::Dispatch refuses them).
+/// Tokens per CTA a dispatch keeps its plan for (one round: one per warp, kWarps of ll_device_common.cuh is this), so a
+/// dispatch of more than this times the CTAs keeps none (and cannot carry combine_weights: GpuBuffer::Dispatch refuses
+/// them).
 inline constexpr int kMaxCarriedPlanTokensPerCta = 16;
 
 /// The messages a dispatch receive placed, kept on the expert rank for an expert-side combine

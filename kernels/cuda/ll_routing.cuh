@@ -1,5 +1,6 @@
 // Routing of the low-latency kernels: the topk validation rule, the deterministic per-round token plan (rows in
-// (expert, source) blocks, message slots per destination), block scans, and the FP8 encoder the dispatch uses.
+// (expert, source) blocks, message slots per destination), block scans, the combine's bf16 sums, and the FP8 encoder
+// the dispatch uses.
 // Part of the one translation unit kernels/cuda/ll_kernels.cu (included there, and by fp8_encoder_test.cu to test the
 // encoder itself; each part reopens the same private namespace): split by phase so a reader can hold each part; the
 // generated code is that of one file.
@@ -349,6 +350,28 @@ __device__ __forceinline__ void KeepPlanHeader(const LlDeviceContext& c, int hal
   *reinterpret_cast<uint4*>(c.carried + CarriedPlanArea::header(half)) =
       make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq,
                  static_cast<uint32_t>(num_tokens) | static_cast<uint32_t>(K) << 24);
+}
+
+// ------------------------------------------------------------------------------------------ BF16 sums
+
+// The combine's fp32 accumulation of bf16 rows and its one rounding back (both combine phases).
+
+/// acc[2i], acc[2i + 1] += w * the two bf16 channels of word i of v (fp32 fma, the CPU backend's order).
+__device__ __forceinline__ void AccumulateBf16x8(const uint4& v, float w, float (&acc)[8]) {
+  const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] = __fmaf_rn(BitsToFloat(ws[i] << 16), w, acc[2 * i]);
+    acc[2 * i + 1] = __fmaf_rn(BitsToFloat(ws[i] & 0xFFFF0000u), w, acc[2 * i + 1]);
+  }
+}
+
+/// Eight fp32 sums rounded to bf16 and packed for one 16-byte store.
+__device__ __forceinline__ uint4 PackBf16x8(const float (&acc)[8]) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = uint32_t{FloatToBf16(acc[2 * i])} | (uint32_t{FloatToBf16(acc[2 * i + 1])} << 16);
+  return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // ------------------------------------------------------------------------------------------ FP8

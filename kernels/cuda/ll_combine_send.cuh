@@ -1,0 +1,230 @@
+// The combine send phase: the rows of each (local expert, home rank) block back to their tokens' ranks (CombineSend),
+// and the expert-side combine's send, one reduced row per (token, rank) (CombineSendReduced,
+// kernels/EXPERT_SIDE_COMBINE.md).
+// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
+// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+#pragma once
+
+#include "kernels/cuda/ll_call_gate.cuh"
+#include "kernels/cuda/ll_routing.cuh"
+
+namespace llep::kernels::cuda {
+namespace {
+
+/// The expert-side combine's send (a dispatch that carried combine_weights; kernels/EXPERT_SIDE_COMBINE.md). Per
+/// message that dispatch received (ExpertPlanArea, found by the handle's plan key), the message's rows are reduced in
+/// its header's order with fp32 fma, rounded once to bf16 and stored at the token's position of the home rank's receive
+/// area: one row per (token, rank) instead of one per (token, expert). Work items are (message, chunk group): 2^lg
+/// groups of a message's 256-channel chunks, as many as keep one item per warp, so that at small T a message's chunks
+/// spread over CTAs as in the receive; one group when the buffer has proxy peers (the message's warp then pushes its
+/// staged row's write itself). The signal's value is the number of messages; the publisher waits for one completion
+/// add per item.
+__device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+  const LlDeviceContext& c = p.ctx;
+  const protocol::LlLayout& L = c.layout;
+  const int R = L.shape.num_ranks, H = L.shape.hidden, T = L.shape.max_tokens_per_rank;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
+  const ExpertPlanArea xp{R, T};
+  int* msgs = reinterpret_cast<int*>(smem);  // [R] messages received from each home rank
+  Trace(c, LlOp::kCombine, kTraceSendStart);
+  uint8_t* const lane_peer = LanePeer(c);
+  // The dispatch's slot: the header that names the handle's key; of two (a captured dispatch replayed into both
+  // halves), the later call's.
+  const uint4 h0 = Ld16(c.expert_plans + ExpertPlanArea::header(0));
+  const uint4 h1 = Ld16(c.expert_plans + ExpertPlanArea::header(1));
+  const bool n0 = p.plan_key != 0 && protocol::JoinHalves(h0.y, h0.x) == p.plan_key;
+  const bool n1 = p.plan_key != 0 && protocol::JoinHalves(h1.y, h1.x) == p.plan_key;
+  const int slot = n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
+  for (int d = tid; d < R; d += kThreads) {  // both slots' counts, loaded with the headers: one round trip
+    const int a = reinterpret_cast<const int*>(c.expert_plans + xp.counts(0))[d];
+    const int b = reinterpret_cast<const int*>(c.expert_plans + xp.counts(1))[d];
+    msgs[d] = slot == 0 ? a : slot == 1 ? b : 0;
+  }
+  __syncthreads();
+  const auto count = [&](int d) { return msgs[d]; };
+  const int total = WarpMessageTotal(count, R);
+  const int chunks = (H + 255) / 256;
+  int lg = 0;
+  while (c.proxy_region == nullptr && (2 << lg) <= chunks && (total << (lg + 1)) <= G * kWarps) ++lg;
+  // An item's message: its home rank d, token t, selections n, and lane i's row and weight of selection i. The warp's
+  // first item is loaded before the gate opens (the plan is an earlier launch's; nothing is written before the gate).
+  struct Item {
+    int d, t, n, row;
+    float w;
+  };
+  const auto load = [&](int item) {
+    const MessageRef ref = LocateMessage(count, R, item >> lg);
+    const uint8_t* const e = c.expert_plans + xp.entry(slot, ref.src, ref.j);
+    const int2 meta = *reinterpret_cast<const int2*>(e);  // {token on d, selections}
+    Item it{ref.src, meta.x, min(meta.y, kK), 0, 0.0f};
+    if (lane < kK) {
+      it.row = reinterpret_cast<const int*>(e + 16)[lane];
+      it.w = reinterpret_cast<const float*>(e + 16 + 4 * kK)[lane];
+    }
+    return it;
+  };
+  const int first = warp * G + blockIdx.x;
+  Item cur = first < (total << lg) ? load(first) : Item{0, 0, 0, 0, 0.0f};
+  Trace(c, LlOp::kCombine, kTracePlanned);
+  const uint32_t seq = gate.Open();
+  if (seq == 0) return;
+  const int half = protocol::HalfOfSeq(seq);
+  // Gone (a later dispatch into the half replaced it): nothing is sent, every home rank gets a zero count and finds
+  // its own mismatch; this rank says why.
+  if (slot < 0 && blockIdx.x == 0 && tid == 0) {
+    RecordError(c, protocol::kDeviceCombineMismatch, LlOp::kCombine, c.rank, seq, protocol::kCombinePlanGone);
+  }
+  // The rows to reduce: x [E_loc * R*T rows of H], or with zero_copy the staged rows (c_send of kZeroCopyHalf); an
+  // entry's row is local expert * R*T + row either way.
+  const uint8_t* const rows_base =
+      p.zero_copy ? c.local + L.CombineSendOffset(kZeroCopyHalf, 0, 0) : reinterpret_cast<const uint8_t*>(p.x);
+  const int64_t row_stride = p.zero_copy ? L.combine_stride : int64_t{2} * H;
+  for (int item = first; item < (total << lg); item += G * kWarps) {
+    if (item != first) cur = load(item);
+    const int g = item & ((1 << lg) - 1), d = cur.d, t = cur.t, n = cur.n, row_l = cur.row;
+    const float w_l = cur.w;
+    uint8_t* const peer = PeerBase(c, lane_peer, d);
+    uint8_t* const dst = peer != nullptr ? peer + L.CombineRecvOffset(half, c.rank, t)
+                                         : c.proxy_region + L.CombinePartOffset(half, d, t);
+    for (int q = (g * chunks) >> lg; q < (((g + 1) * chunks) >> lg); ++q) {
+      const int c0 = q * 256 + lane * 8;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i0 = 0; i0 < n; i0 += 8) {  // eight rows' loads in flight, then their sums in order
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = gpu::WarpShfl(row_l, (i0 + i) & 31);
+          v[i] = i0 + i < n && c0 < H ? Ld16(rows_base + int64_t{r} * row_stride + int64_t{c0} * 2)
+                                      : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float w = gpu::WarpShfl(w_l, (i0 + i) & 31);
+          if (i0 + i < n) AccumulateBf16x8(v[i], w, acc);
+        }
+      }
+      if (c0 < H) St16(dst + int64_t{c0} * 2, PackBf16x8(acc));
+    }
+    gpu::WarpSync();
+    if (lane == 0) {
+      FenceBeforeCount(peer == nullptr);
+      if (peer == nullptr) {
+        PushCmd(c, d,
+                protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombinePartOffset(half, d, t),
+                                       L.CombineRecvOffset(half, c.rank, t), protocol::CombineRowBytes(H)),
+                LlOp::kCombine, seq);
+      }
+      AddDone(c, LlOp::kCombine, half, d);
+    }
+  }
+  __syncthreads();
+  Trace(c, LlOp::kCombine, kTraceCounterDone);
+  for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
+    const auto n = static_cast<uint32_t>(msgs[d]);
+    PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, n << lg, false);
+  }
+}
+
+/// The block plan (from the handle's layout_range) is made while the call state is read; the gate opens before the
+/// first row is copied. An expert-side combine (the dispatch carried combine_weights) is CombineSendReduced.
+__device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+  if (p.expert_reduced) {
+    CombineSendReduced(p, gate, smem);
+    return;
+  }
+  const LlDeviceContext& c = p.ctx;
+  const protocol::LlLayout& L = c.layout;
+  const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
+  const int T = L.shape.max_tokens_per_rank, E = L.shape.num_experts;
+  const int64_t rows = L.shape.max_recv_rows(), row_bytes = protocol::CombineRowBytes(H);
+  uint32_t seq = kSeqPending;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
+  // Shared, indexed by block b = d * E_loc + le (destination-major: the home rank's receive area holds its blocks in
+  // local-expert order): count and begin (row in the expert's packed block) from layout_range[le][d]; pos, the counts
+  // scanned, which places each row at its destination and also numbers the rows the warps copy; rows_to[d].
+  int* warp_sums = reinterpret_cast<int*>(smem);
+  int* cnt = warp_sums + kWarps;
+  int* beg = cnt + E;
+  int* pos = beg + E;
+  int* rows_to = pos + E;
+  Trace(c, LlOp::kCombine, kTraceSendStart);
+  uint8_t* const lane_peer = LanePeer(c);
+
+  for (int q = tid; q < E; q += kThreads) {
+    const int64_t v = p.layout_range[q];
+    const int64_t n = protocol::LayoutRangeCount(v), b = protocol::LayoutRangeBegin(v);
+    const bool ok = n <= T && b >= 0 && b + n <= rows;
+    const int le = L.ranks.Div(q), d = q - le * R;  // q = le * R + d: layout_range is [E_loc][R]
+    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, q);
+    const int blk = d * E_loc + le;
+    cnt[blk] = ok ? static_cast<int>(n) : 0;
+    beg[blk] = ok ? static_cast<int>(b) : 0;
+    pos[blk] = cnt[blk];
+  }
+  __syncthreads();
+  const int pos_total = BlockExclusiveScan(pos, E, warp_sums);  // (one scan instead of a serial loop per rank)
+  for (int d = tid; d < R; d += kThreads) {
+    const int n = (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc];
+    const bool ok = n <= L.combine_rows_per_src;  // more rows than the home rank's receive area holds: send none
+    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, n);
+    rows_to[d] = ok ? n : -1;
+  }
+  __syncthreads();
+  Trace(c, LlOp::kCombine, kTracePlanned);
+  if ((seq = gate.Open()) == 0) return;
+  const int half = protocol::HalfOfSeq(seq);
+
+  // Rows numbered in pos order (one scan before the gate, not a second one of the rows that are sent); the rows of
+  // a destination whose total was refused above are skipped (its signal says 0 rows, so none is counted). The skip
+  // is a zero byte count, not a branch around the body: a `continue` here made ptxas spill.
+  for (int m = warp * G + blockIdx.x; m < pos_total; m += G * kWarps) {
+    const int blk = FindBlock(pos, E, m), d = L.local_experts.Div(blk), le = blk - d * E_loc;
+    const int i = m - pos[blk];
+    const int64_t src_row = beg[blk] + i;
+    const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
+                                      : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
+    const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
+    uint8_t* const peer = PeerBase(c, lane_peer, d);
+    // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
+    uint8_t* dst = peer != nullptr ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
+    const int64_t bytes = rows_to[d] < 0 ? 0 : row_bytes;  // a refused destination: nothing sent, nothing counted
+    for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
+      const int pass = static_cast<int>(min(bytes - base, kCopyPassBytes));
+      uint4 v[kCopyRegs];
+      LoadCopyPass(src + base, pass, v);
+      StoreCopyPass(dst + base, pass, v);
+    }
+    gpu::WarpSync();
+    if (lane == 0 && bytes != 0) {
+      FenceBeforeCount(peer == nullptr);
+      if (peer == nullptr) {
+        // One write per (local expert, destination) block, not per row: the block is contiguous in the staging and
+        // at the destination (row stride on both sides), and messages, not bytes, bound proxy transports (per-row
+        // writes measured in bench/RESULTS.md). The warp that stages the block's last row sends it; the acquire
+        // of its count makes the other warps' fenced rows part of what its command releases.
+        uint64_t* staged = c.proxy_blocks + int64_t{half} * E + blk;
+        const uint64_t before = gpu::FetchAddAcqRelGpu(staged);
+        if (before + 1 == static_cast<uint64_t>(cnt[blk])) {
+          *staged = 0;  // the next combine on this half is a later launch (stream order)
+          PushCmd(c, d,
+                  protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombineSendOffset(half, le, beg[blk]),
+                                         recv_off - int64_t{i} * L.combine_stride,
+                                         int64_t{cnt[blk] - 1} * L.combine_stride + row_bytes),
+                  LlOp::kCombine, seq);
+        }
+      }
+      AddDone(c, LlOp::kCombine, half, d);
+    }
+  }
+  __syncthreads();
+  Trace(c, LlOp::kCombine, kTraceCounterDone);
+  // CTA G-1-d publishes rank d's signal: the CTAs that hold this rank's tokens in the receive phase start at CTA 0,
+  // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
+  for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
+    const auto n = static_cast<uint32_t>(max(rows_to[d], 0));
+    PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, n, false);
+  }
+}
+
+}  // namespace
+}  // namespace llep::kernels::cuda
