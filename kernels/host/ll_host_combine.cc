@@ -9,10 +9,6 @@
 
 namespace llep::kernels {
 
-using host_internal::IsMasked;
-using host_internal::PushSignal;
-using host_internal::PushWrite;
-using host_internal::StoreSignalRelease;
 using protocol::LlOp;
 
 namespace {

@@ -1,5 +1,6 @@
 // The host LL phases' shared pieces (kernels/host/ll_host.cc: dispatch, ll_host_combine.cc: combine): the signal
-// store, the proxy ring pushes and the rank mask. Internal to kernels/host; not part of ll_host.h's interface.
+// store, the proxy ring pushes and the rank mask. Internal to kernels/host (included by those two files only); not part
+// of ll_host.h's interface.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 #include "runtime/protocol/signal.h"
 #include "runtime/protocol/sys_order.h"
 
-namespace llep::kernels::host_internal {
+namespace llep::kernels {
 
 inline void StoreSignalRelease(uint8_t* base, int64_t offset, uint64_t word) {
   // Pairs with the acquire load in runtime/cpu_buffer.cc WaitForSignals(): data copied above is visible first.
@@ -28,4 +29,4 @@ inline bool PushSignal(const HostPeer& peer, protocol::LlOp op, int half, int ds
 
 inline bool IsMasked(const HostRankContext& ctx, int r) { return ctx.masked != nullptr && ctx.masked[r] != 0; }
 
-}  // namespace llep::kernels::host_internal
+}  // namespace llep::kernels
