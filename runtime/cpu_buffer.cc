@@ -181,9 +181,9 @@ absl::StatusOr<PendingOp> CpuBuffer::DispatchSend(const DispatchCall& call) {
   op.dispatch_ = call;
   // Every dispatch takes its half's slot, so one without weights retires the older plan too (as on the GPU).
   KeptWeights& kept = sent_weights_[static_cast<size_t>(protocol::HalfOfSeq(seq))];
-  kept.plan_key = call.topk_weights != nullptr ? call.plan_key : 0;
+  kept.plan_key = call.carries_weights ? call.plan_key : 0;
   kept.w.clear();
-  if (call.topk_weights != nullptr) {
+  if (call.carries_weights) {
     kept.w.assign(call.topk_weights, call.topk_weights + static_cast<size_t>(call.num_tokens) * call.num_topk);
   }
   const std::vector<uint8_t> masked = MaskForCall();
@@ -360,7 +360,7 @@ absl::Status CpuBuffer::ReceiveDispatch(PendingOp& op) {
   LLEP_RETURN_IF_ERROR(WaitForSignals(op, &tokens, c.wait_recv_cost_stats));
   kernels::ExpertSidePlan received;
   const std::string err = kernels::DispatchRecvHost(
-      Context(&op.masked_), {&c, op.seq_, tokens.data(), c.topk_weights != nullptr ? &received : nullptr});
+      Context(&op.masked_), {&c, op.seq_, tokens.data(), c.carries_weights ? &received : nullptr});
   if (!err.empty()) return absl::DataLossError(absl::StrCat("dispatch call ", op.seq_, ": ", err));
   {
     absl::MutexLock lock(&mu_);

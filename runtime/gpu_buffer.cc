@@ -86,7 +86,7 @@ absl::Status GpuBuffer::CheckErrorsLocked(cudaStream_t stream, bool raise_recove
 
 absl::StatusOr<GpuPendingOp> GpuBuffer::Dispatch(const DispatchCall& call, bool split, cudaStream_t stream) {
   LLEP_RETURN_IF_ERROR(ValidateDispatchCall(layout_.shape, call, options_.metrics_layers));
-  if (call.topk_weights != nullptr && call.num_tokens > kernels::cuda::kMaxCarriedPlanTokensPerCta * num_ctas_) {
+  if (call.carries_weights && call.num_tokens > kernels::cuda::kMaxCarriedPlanTokensPerCta * num_ctas_) {
     // The home rank keeps the weights with the dispatch's plan (CarriedPlanArea), which holds one round per CTA.
     return absl::InvalidArgumentError(
         absl::StrCat("combine_weights at dispatch takes at most ",

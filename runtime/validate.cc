@@ -132,9 +132,10 @@ absl::Status ValidateDispatchCall(const LlShape& shape, const DispatchCall& call
                      "): the buffer counts that many MoE layers (Buffer(metrics_layers=n) or LLEP_METRICS_LAYERS)"));
   }
   if (absl::Status s = ValidateDispatchMode(shape, call.mode); !s.ok()) return s;
-  if (call.num_tokens > 0 && (call.x == nullptr || call.topk_idx == nullptr)) {
+  if (call.num_tokens > 0 &&
+      (call.x == nullptr || call.topk_idx == nullptr || (call.carries_weights && call.topk_weights == nullptr))) {
     return absl::InvalidArgumentError(
-        "dispatch x or topk_idx has no data (a null pointer: a meta tensor, or one without storage)");
+        "dispatch x, topk_idx or combine_weights has no data (a null pointer: a meta tensor, or one without storage)");
   }
   if (call.recv_x == nullptr || call.recv_count == nullptr || call.src_info == nullptr ||
       call.layout_range == nullptr || (call.mode.use_fp8 && call.recv_scales == nullptr)) {

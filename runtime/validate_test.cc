@@ -61,6 +61,30 @@ TEST(ValidateTest, CountsAndTopk) {
   ExpectInvalid(ValidateTopk(s, nullptr, 1, 2), "null");
 }
 
+// combine_weights travel by their own flag: an empty batch carries them with no data, a batch with tokens must have it.
+TEST(ValidateTest, DispatchCarryingWeights) {
+  const LlShape s{8, 128, 16, 4};
+  const uint16_t x[128] = {};
+  const int64_t topk[2] = {0, 5};
+  uint16_t recv_x[1];
+  int32_t count[4], src_info[1];
+  int64_t layout_range[16];
+  protocol::DispatchCall c;
+  c.x = x;
+  c.topk_idx = topk;
+  c.num_tokens = 1;
+  c.num_topk = 2;
+  c.mode = {false, false, false};
+  c.recv_x = recv_x;
+  c.recv_count = count;
+  c.src_info = src_info;
+  c.layout_range = layout_range;
+  c.carries_weights = true;
+  ExpectInvalid(ValidateDispatchCall(s, c, 1), "combine_weights has no data");
+  c.num_tokens = 0;
+  EXPECT_TRUE(ValidateDispatchCall(s, c, 1).ok());
+}
+
 TEST(ValidateTest, LayoutRange) {
   const LlShape s{4, 128, 8, 2};  // E_loc 4, rows 8
   std::vector<int64_t> lr(8, 0);

@@ -147,7 +147,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       // The expert-side plan's header and message counts (ExpertPlanArea; its entries come with the messages). Every
       // dispatch writes the header, so a dispatch without combine_weights also retires the half's older plan.
       const ExpertPlanArea xp{R, T};
-      const uint64_t key = p.topk_weights != nullptr ? p.plan_key : 0;
+      const uint64_t key = p.carries_weights ? p.plan_key : 0;
       if (tid == 0) {
         St16(c.expert_plans + ExpertPlanArea::header(half),
              make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq, 0u));
@@ -223,7 +223,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     // The header, the segment's bytes and its scales (and for the expert-side plan the message's weights row):
     // independent loads, issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
-    const bool keeps = p.topk_weights != nullptr && s == 0;  // the message's first item keeps its plan entry
+    const bool keeps = p.carries_weights && s == 0;  // the message's first item keeps its plan entry
     const uint32_t weight =
         keeps && lane < kK
             ? reinterpret_cast<const uint32_t*>(in + L.RouteWeightsOffset(L.RouteRecvOffset(half, src), j))[lane]
@@ -240,8 +240,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     const uint32_t flags = gpu::WarpShfl(word, 3);
     const bool ok = (w1 >> 16) == protocol::kDispatchMsgVersion && gpu::WarpShfl(word, 2) == seq &&
                     ((flags & protocol::kMsgFlagFp8) != 0) == fp8 &&
-                    ((flags & protocol::kMsgFlagWeights) != 0) == (p.topk_weights != nullptr) && num_sel >= 1 &&
-                    num_sel <= kK && src_token >= 0 && src_token < T;
+                    ((flags & protocol::kMsgFlagWeights) != 0) == p.carries_weights && num_sel >= 1 && num_sel <= kK &&
+                    src_token >= 0 && src_token < T;
     if (!ok) {
       if (lane == 0 && lead) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
       continue;

@@ -164,7 +164,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       } else {
         // Header per destination: lane i < 5 writes bytes [16i, 16i + 16) of the 80-byte header; with
         // combine_weights, lanes 5-8 write the message's 64-byte weights row (ll_layout.h RouteWeightsOffset).
-        const bool weights = p.topk_weights != nullptr;
+        const bool weights = p.carries_weights;
         for (unsigned m = pl.opens; m != 0; m &= m - 1) {
           const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* const base = PeerBase(c, lane_peer, d);
@@ -242,7 +242,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     k_dst = 0;
     for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
       const auto n = static_cast<uint32_t>(sh->tokens_to_dst[k_dst]);
-      PublishWhenDone(c, LlOp::kDispatch, half, d, n, seq, n, p.topk_weights != nullptr);
+      PublishWhenDone(c, LlOp::kDispatch, half, d, n, seq, n, p.carries_weights);
     }
   }
 }

@@ -206,12 +206,12 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
       h->src_token_idx = t;
       h->version = protocol::kDispatchMsgVersion;
       h->seq = a.seq;
-      h->flags = (fp8 ? protocol::kMsgFlagFp8 : 0) | (call.topk_weights != nullptr ? protocol::kMsgFlagWeights : 0);
+      h->flags = (fp8 ? protocol::kMsgFlagFp8 : 0) | (call.carries_weights ? protocol::kMsgFlagWeights : 0);
       auto* w = reinterpret_cast<float*>(ctx.local_base + L.RouteWeightsOffset(L.RouteSendOffset(half, d), j));
       for (int k = 0; k < plan.num_topk; ++k) {
         const RouteEntry& e = plan.at(t, k);
         if (e.dst_rank != d) continue;
-        if (call.topk_weights != nullptr) w[h->num_sel] = call.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
+        if (call.carries_weights) w[h->num_sel] = call.topk_weights[static_cast<size_t>(t) * plan.num_topk + k];
         h->sel[h->num_sel++] =
             protocol::PackSelection(static_cast<uint32_t>(e.local_expert), static_cast<uint32_t>(e.row_in_block));
       }
@@ -225,7 +225,7 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
     const int64_t route_bytes = protocol::RouteBlockUsedBytes(L.shape, n);
     const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(n));
     // The messages' weights rows (a dispatch that carries topk_weights): one contiguous run of n rows.
-    const int64_t weights_bytes = call.topk_weights != nullptr ? n * protocol::RouteWeightsRowBytes() : 0;
+    const int64_t weights_bytes = call.carries_weights ? n * protocol::RouteWeightsRowBytes() : 0;
     const int64_t weights_from = L.RouteWeightsOffset(L.RouteSendOffset(half, d), 0);
     const int64_t weights_to = L.RouteWeightsOffset(L.RouteRecvOffset(half, ctx.rank), 0);
     if (peer.direct_base != nullptr) {
@@ -333,7 +333,7 @@ std::string DispatchRecvHost(const HostRankContext& ctx, const DispatchRecvArgs&
                " (slot overwritten: more low-latency calls in flight than allowed)";
       }
       if (((h->flags & protocol::kMsgFlagFp8) != 0) != fp8) return where() + ": ranks disagree on use_fp8";
-      if (((h->flags & protocol::kMsgFlagWeights) != 0) != (call.topk_weights != nullptr)) {
+      if (((h->flags & protocol::kMsgFlagWeights) != 0) != call.carries_weights) {
         return where() + ": ranks disagree on passing topk_weights to the dispatch";
       }
       if (h->num_sel == 0 || h->num_sel > protocol::kMaxTopK) return where() + ": bad selection count";

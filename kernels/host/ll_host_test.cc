@@ -71,7 +71,10 @@ void SendRandomBf16Dispatches(World* w, const LlShape& s, int K, Tokens tokens, 
     in->push_back(Random(s, tokens(r), K, rng));
     BuildRoutePlan(s, (*in)[r].topk.data(), tokens(r), K, &(*plans)[r]);
     protocol::DispatchCall call = SendCall((*in)[r].x.data(), {false, false, false});
-    if (weights) call.topk_weights = (*in)[r].w.data();
+    if (weights) {
+      call.topk_weights = (*in)[r].w.data();
+      call.carries_weights = true;
+    }
     ASSERT_TRUE(DispatchSendHost(w->Ctx(r), {&call, &(*plans)[r], 1}));
   }
 }
@@ -178,6 +181,7 @@ TEST(LlHostTest, ExpertReducedCombineIsExactInItsOrder) {
     std::vector<int32_t> count(E_loc), src_info(E_loc * rows);
     protocol::DispatchCall call = RecvCall(mode, recv_x[me].data(), count.data(), src_info.data(), lr[me].data());
     call.topk_weights = in[me].w.data();  // this rank's own call carries weights too
+    call.carries_weights = true;
     ASSERT_EQ(DispatchRecvHost(w.Ctx(me), {&call, 1, tokens.data(), &kept[me]}), "");
     for (int src = 0; src < s.num_ranks; ++src) {
       ASSERT_EQ(kept[me].by_src[src].size(), tokens[src]);

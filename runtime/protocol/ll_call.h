@@ -19,6 +19,9 @@ struct DispatchCall {
   /// Optional fp32 [num_tokens, num_topk] (llep keyword): carried to the expert ranks, whose combine then reduces a
   /// token's rows there and returns one row per (token, rank) (kernels/EXPERT_SIDE_COMBINE.md). Null: DeepEP's combine.
   const float* topk_weights = nullptr;
+  /// The call carries topk_weights. Its own flag, not "topk_weights is non-null": a rank with no tokens (an empty
+  /// micro-batch, whose tensor has no data) still carries them, and its peers check that every rank agrees.
+  bool carries_weights = false;
   int num_tokens = 0;
   int num_topk = 0;
   DispatchMode mode;

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "runtime/protocol/ll_call.h"
 
@@ -17,17 +18,20 @@ T* Ptr(uintptr_t addr) {
   return reinterpret_cast<T*>(addr);
 }
 
-inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, uintptr_t weights, int num_tokens,
-                                              int num_topk, bool use_fp8, bool round_scale, bool use_ue8m0,
-                                              uintptr_t recv_x, uintptr_t recv_scales, uintptr_t recv_count,
-                                              uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
-                                              uintptr_t wait_stats, int layer, uint64_t plan_key) {
+inline DispatchCall DispatchCallFromAddresses(uintptr_t x, uintptr_t topk, std::optional<uintptr_t> weights,
+                                              int num_tokens, int num_topk, bool use_fp8, bool round_scale,
+                                              bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+                                              uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range,
+                                              uintptr_t cumulative_stats, uintptr_t wait_stats, int layer,
+                                              uint64_t plan_key) {
   DispatchCall c;
   c.layer = layer;
   c.plan_key = plan_key;
   c.x = Ptr<const uint16_t>(x);
   c.topk_idx = Ptr<const int64_t>(topk);
-  c.topk_weights = Ptr<const float>(weights);
+  // None: no combine_weights; an address (0 for an empty batch's tensor): the call carries them.
+  c.topk_weights = Ptr<const float>(weights.value_or(0));
+  c.carries_weights = weights.has_value();
   c.num_tokens = num_tokens;
   c.num_topk = num_topk;
   c.mode = {use_fp8, round_scale, use_ue8m0};
@@ -65,15 +69,16 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
 /// (the pending operation when split, the hook's; else None). The positional order is llep/buffer.py's.
 template <typename Holder, typename Class>
 void DefCallMethods(Class& cls) {
-  cls.def("dispatch", [](Holder& h, uintptr_t x, uintptr_t topk, uintptr_t weights, int num_tokens, int num_topk,
-                         bool use_fp8, bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
-                         uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
-                         uintptr_t wait_stats, int layer, uint64_t plan_key, bool split, uintptr_t stream) {
-    return h.Dispatch(DispatchCallFromAddresses(x, topk, weights, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
-                                                recv_x, recv_scales, recv_count, src_info, layout_range,
-                                                cumulative_stats, wait_stats, layer, plan_key),
-                      split, stream);
-  });
+  cls.def("dispatch",
+          [](Holder& h, uintptr_t x, uintptr_t topk, std::optional<uintptr_t> weights, int num_tokens, int num_topk,
+             bool use_fp8, bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
+             uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
+             uintptr_t wait_stats, int layer, uint64_t plan_key, bool split, uintptr_t stream) {
+            return h.Dispatch(DispatchCallFromAddresses(x, topk, weights, num_tokens, num_topk, use_fp8, round_scale,
+                                                        use_ue8m0, recv_x, recv_scales, recv_count, src_info,
+                                                        layout_range, cumulative_stats, wait_stats, layer, plan_key),
+                              split, stream);
+          });
   cls.def("combine", [](Holder& h, uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
                         int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, uint64_t plan_key,
                         bool expert_reduced, bool split, uintptr_t stream) {

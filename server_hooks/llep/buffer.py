@@ -172,17 +172,6 @@ class _HandleTokens(int):
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
-
-# The native call takes "weights carried" from a non-null combine_weights address, but an empty tensor's data_ptr() is
-# 0: a rank whose (micro-)batch is empty must still say it carries weights, or its peers' messages disagree with it.
-# Its address is never read (no tokens).
-_EMPTY_WEIGHTS_ADDRESS = 16
-
-
-def _weights_address(weights: Optional[torch.Tensor]) -> int:
-    if weights is None:
-        return 0
-    return weights.data_ptr() or _EMPTY_WEIGHTS_ADDRESS
 _NO_EVENT = EventOverlap(None, None)  # what a call without async_finish returns (holds nothing, shared)
 
 
@@ -574,7 +563,8 @@ class Buffer:
             layout_range = x.new_empty(out.layout_range_shape, dtype=torch.int64)
             plan_key = next(_plan_keys)
             op = runtime.dispatch(
-                x.data_ptr(), topk_idx.data_ptr(), _weights_address(combine_weights),
+                # combine_weights: None or an address (0 for an empty batch, which still carries them).
+                x.data_ptr(), topk_idx.data_ptr(), None if combine_weights is None else combine_weights.data_ptr(),
                 num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
                 recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
                 layout_range.data_ptr(),
