@@ -550,7 +550,8 @@ class Buffer:
                     topk_idx.dim() == 2 and topk_idx.size(0) == num_tokens and
                     _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index) and
                     _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index) and
-                    _fast_ok_optional(combine_weights, torch.float32, tuple(topk_idx.shape), dev_index)):
+                    (combine_weights is None or (_fast_ok(combine_weights, torch.float32, dev_index) and
+                                                 combine_weights.shape == topk_idx.shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
             # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4
