@@ -192,14 +192,8 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   const int* carried_prefix = reinterpret_cast<const int*>(c.carried + area.prefix(0));  // [2][E]
   const int first_prefix = tid < 2 * E ? carried_prefix[tid] : 0;
   if (tid == kCarriedHeaderThread) {
-    const uint4 h0 = *reinterpret_cast<const uint4*>(c.carried + CarriedPlanArea::header(0));
-    const uint4 h1 = *reinterpret_cast<const uint4*>(c.carried + CarriedPlanArea::header(1));
-    const uint32_t shape = static_cast<uint32_t>(p.num_tokens) | static_cast<uint32_t>(K) << 24;
-    const auto names = [&](const uint4& h) {
-      return p.plan_key != 0 && protocol::JoinHalves(h.y, h.x) == p.plan_key && h.w == shape;
-    };
-    const bool n0 = names(h0), n1 = names(h1);
-    *carried_half = n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
+    *carried_half = KeptPlanSlot(Ld16(c.carried + CarriedPlanArea::header(0)),
+                                 Ld16(c.carried + CarriedPlanArea::header(1)), p.plan_key, p.num_tokens, K);
   }
   const bool peeked = !gate.is_open() && PeekSignals(c, LlOp::kCombine);
   for (int d = tid; checks_counts && d < R; d += kThreads) routed[d] = 0;  // counted after the first round's plan

@@ -30,11 +30,8 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   uint8_t* const lane_peer = LanePeer(c);
   // The dispatch's slot: the header that names the handle's key; of two (a captured dispatch replayed into both
   // halves), the later call's.
-  const uint4 h0 = Ld16(c.expert_plans + ExpertPlanArea::header(0));
-  const uint4 h1 = Ld16(c.expert_plans + ExpertPlanArea::header(1));
-  const bool n0 = p.plan_key != 0 && protocol::JoinHalves(h0.y, h0.x) == p.plan_key;
-  const bool n1 = p.plan_key != 0 && protocol::JoinHalves(h1.y, h1.x) == p.plan_key;
-  const int slot = n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
+  const int slot = KeptPlanSlot(Ld16(c.expert_plans + ExpertPlanArea::header(0)),
+                                Ld16(c.expert_plans + ExpertPlanArea::header(1)), p.plan_key, p.num_tokens, p.num_topk);
   for (int d = tid; d < R; d += kThreads) {  // both slots' counts, loaded with the headers: one round trip
     const int a = reinterpret_cast<const int*>(c.expert_plans + xp.counts(0))[d];
     const int b = reinterpret_cast<const int*>(c.expert_plans + xp.counts(1))[d];

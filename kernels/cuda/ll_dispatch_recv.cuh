@@ -148,10 +148,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       // dispatch writes the header, so a dispatch without combine_weights also retires the half's older plan.
       const ExpertPlanArea xp{R, T};
       const uint64_t key = p.carries_weights ? p.plan_key : 0;
-      if (tid == 0) {
-        St16(c.expert_plans + ExpertPlanArea::header(half),
-             make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq, 0u));
-      }
+      if (tid == 0) StorePlanHeader(c.expert_plans + ExpertPlanArea::header(half), key, seq, p.num_tokens, p.num_topk);
       for (int sr = tid; key != 0 && sr < R; sr += kThreads) {
         reinterpret_cast<int*>(c.expert_plans + xp.counts(half))[sr] = max(msg_count[sr], 0);
       }

@@ -94,7 +94,10 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     const int half = protocol::HalfOfSeq(seq);
     // This call's plan for its combine (CarriedPlanArea): the header here, the route prefixes below, the token entries
     // after the token rounds. No plan when a CTA has more than one round of tokens (T > kWarps * G, beyond decode).
-    if (d == 0 && tid == 0) KeepPlanHeader(c, half, p.num_tokens <= kWarps * G ? p.plan_key : 0, seq, p.num_tokens, K);
+    if (d == 0 && tid == 0) {
+      StorePlanHeader(c.carried + CarriedPlanArea::header(half), p.num_tokens <= kWarps * G ? p.plan_key : 0, seq,
+                      p.num_tokens, K);
+    }
     uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
     auto* remote_counts = reinterpret_cast<uint64_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
                                                                         : c.proxy_region + L.RouteSendOffset(half, d));

@@ -185,7 +185,7 @@ inline constexpr int kMaxCarriedPlanTokensPerCta = 16;
 /// next dispatch into the half rewrites them, possibly while this rank's combine runs). Slot h holds the last dispatch
 /// received in half h, written by that receive (the entries by each message's first item, the rest by the handle's
 /// CTA), read by a later launch (stream order):
-///  - header: {plan key (64 bits; the dispatch's DispatchCall::plan_key), the dispatch's seq, 0};
+///  - header: as CarriedPlanArea's (key 0 when the dispatch carried no combine_weights);
 ///  - counts[R] (int32): messages received from each source (0 for a masked one);
 ///  - entry[src][j] (kEntryBytes): {token index on src, selections n, 0, 0}, rows[kMaxTopK] (int32: local expert *
 ///    R*T + row of recv_x, header order), weights[kMaxTopK] (fp32, the same order).

@@ -344,12 +344,21 @@ __device__ __forceinline__ void KeepRoutePrefix(const LlDeviceContext& c, int ha
   }
 }
 
-/// The plan's header (one thread): {key, the dispatch's seq, num_tokens | K << 24}; key 0 keeps no plan.
-__device__ __forceinline__ void KeepPlanHeader(const LlDeviceContext& c, int half, uint64_t key, uint32_t seq,
-                                               int num_tokens, int K) {
-  *reinterpret_cast<uint4*>(c.carried + CarriedPlanArea::header(half)) =
-      make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq,
-                 static_cast<uint32_t>(num_tokens) | static_cast<uint32_t>(K) << 24);
+/// A kept plan's header (CarriedPlanArea and ExpertPlanArea alike; one thread, at `at`): {key, the dispatch's seq,
+/// num_tokens | K << 24}; key 0 names no plan.
+__device__ __forceinline__ void StorePlanHeader(uint8_t* at, uint64_t key, uint32_t seq, int num_tokens, int K) {
+  *reinterpret_cast<uint4*>(at) = make_uint4(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), seq,
+                                             static_cast<uint32_t>(num_tokens) | static_cast<uint32_t>(K) << 24);
+}
+
+/// Which of a kept pair's two slots (headers h0, h1 as StorePlanHeader wrote them) holds the plan of the dispatch with
+/// this key and shape: of two (a captured dispatch replayed into both halves), the later call's; -1 when neither (a
+/// later dispatch of the half replaced it, or the handle has no key).
+__device__ __forceinline__ int KeptPlanSlot(const uint4& h0, const uint4& h1, uint64_t key, int num_tokens, int K) {
+  const uint32_t shape = static_cast<uint32_t>(num_tokens) | static_cast<uint32_t>(K) << 24;
+  const auto names = [&](const uint4& h) { return key != 0 && protocol::JoinHalves(h.y, h.x) == key && h.w == shape; };
+  const bool n0 = names(h0), n1 = names(h1);
+  return n0 && n1 ? (protocol::SignalIsNewer(h1.z, h0.z) ? 1 : 0) : n0 ? 0 : n1 ? 1 : -1;
 }
 
 // ------------------------------------------------------------------------------------------ BF16 sums
