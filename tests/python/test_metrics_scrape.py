@@ -81,7 +81,7 @@ def _scraper(port, result):
     result.update(latencies=latencies, errors=errors)
 
 
-def _worker(rank, port, device, out_dir):
+def _worker(rank, port, device, out_dir, R):  # R: the ranks (module default 2; --ranks)
     os.environ.setdefault('LLEP_TIMEOUT_S', '60')
     if device == 'cuda':
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -161,8 +161,9 @@ def _worker(rank, port, device, out_dir):
     dist.destroy_process_group()
 
 
-def run(device, out_dir):
-    mp.spawn(_worker, args=(free_port(), device, out_dir), nprocs=R, join=True)
+def run(device, out_dir, ranks=R):
+    R = ranks
+    mp.spawn(_worker, args=(free_port(), device, out_dir, R), nprocs=R, join=True)
     results = [json.load(open(os.path.join(out_dir, f'rank{r}.txt'))) for r in range(R)]
     for r, res in enumerate(results):
         print(f'rank {r}: {res["stats"]}')
@@ -178,16 +179,19 @@ def test_scrape_python_exporter_under_load(tmp_path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--device', default='cpu', choices=('cpu', 'cuda'))
+    ap.add_argument('--ranks', type=int, default=R, help=f'ranks (divide {E} experts; default {R})')
     args = ap.parse_args()
+    if args.ranks < 1 or E % args.ranks:
+        ap.error(f'--ranks must divide the {E} experts')
     if args.device == 'cuda' and not (torch.cuda.is_available() and getattr(llep._llep, 'HAVE_CUDA', False)):
         print('metrics scrape test: SKIPPED (no CUDA device or llep built without CUDA)')
         return 0
     import tempfile
     with tempfile.TemporaryDirectory() as d:
-        errors = run(args.device, d)
+        errors = run(args.device, d, args.ranks)
     for e in errors:
         print('FAIL', e)
-    print(f'metrics scrape test ({args.device}, {R} ranks, {SCRAPES} scrapes each): '
+    print(f'metrics scrape test ({args.device}, {args.ranks} ranks, {SCRAPES} scrapes each): '
           f'{"PASS" if not errors else "FAIL"}')
     return 1 if errors else 0
 
