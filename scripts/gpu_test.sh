@@ -6,6 +6,11 @@
 # benchmark (bench/ll_gpu_bench.py), and with --all every other test too; --bench-only builds the Python
 # package alone and runs just the benchmark. Prints a summary last; full logs go
 # to $OUT (or ./gpu-test-logs). Extra arguments after -- go to gpu_vs_cpu.py (e.g. -- --quick --ranks 2).
+# LLEP_GPU_TEST_STEPS picks the test steps (space-separated; default all): unit matrix proxy graph exports scrape
+# shrink bad_inputs gemm. On 4 GPUs the full matrix and the proxy matrix alone took ~8 of the device's 10 minutes a
+# command (bench/RESULTS.md session 30): split such a run over calls, e.g. "unit matrix" then "proxy graph exports
+# scrape". Each step's seconds and status go to $LOGS/steps.txt and the summary.
+# shellcheck disable=SC2317  # the step_* and summary_* functions are called by name ("step_$s")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -22,37 +27,60 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+all_steps="unit matrix proxy graph exports scrape shrink bad_inputs gemm"
+steps=" ${LLEP_GPU_TEST_STEPS:-$all_steps} "
+for s in $steps; do
+  [[ " $all_steps " == *" $s "* ]] || { echo "gpu_test: unknown step '$s' (steps: $all_steps)" >&2; exit 2; }
+done
 scripts/gpu_build.sh > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$PWD/$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi -L | tee "$LOGS/gpus.txt"
 rc=0
 export PYTHONUNBUFFERED=1
-if [ $tests = 1 ]; then
-  ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_unit_tests.log" 2>&1 || rc=1
-  timeout 420 python3 tests/gpu/gpu_vs_cpu.py --results "$LOGS/gpu_vs_cpu.jsonl" "$@" > "$LOGS/gpu_vs_cpu.log" 2>&1 ||
-    rc=1
-  ngpu=$(nvidia-smi -L | wc -l)
-  if [ "$ngpu" -ge 2 ]; then
-    timeout 300 python3 tests/gpu/gpu_vs_cpu.py --quick --ranks "$ngpu" --ranks-per-node $((ngpu / 2)) \
-      --results "$LOGS/gpu_vs_cpu_proxy.jsonl" > "$LOGS/gpu_vs_cpu_proxy.log" 2>&1 || rc=1
-  fi
+ngpu=$(nvidia-smi -L | wc -l)
+# One function per test step; each writes its log under $LOGS.
+step_unit() { ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure > "$LOGS/gpu_unit_tests.log" 2>&1; }
+step_matrix() {
+  timeout 420 python3 tests/gpu/gpu_vs_cpu.py --results "$LOGS/gpu_vs_cpu.jsonl" "$@" > "$LOGS/gpu_vs_cpu.log" 2>&1
+}
+step_proxy() {  # the same matrix (--quick) with the GPUs split into 2 virtual nodes
+  [ "$ngpu" -ge 2 ] || { echo "NOT RUN: needs 2 or more GPUs (this machine has $ngpu)" > "$LOGS/gpu_vs_cpu_proxy.log"; return 0; }
+  timeout 300 python3 tests/gpu/gpu_vs_cpu.py --quick --ranks "$ngpu" --ranks-per-node $((ngpu / 2)) \
+    --results "$LOGS/gpu_vs_cpu_proxy.jsonl" > "$LOGS/gpu_vs_cpu_proxy.log" 2>&1
+}
+step_graph() {
+  # shellcheck disable=SC2086
   timeout 300 python3 tests/gpu/graph_test.py --results "$LOGS/graph_test.jsonl" ${LLEP_GRAPH_TEST_ARGS:-} \
-    > "$LOGS/graph_test.log" 2>&1 || rc=1
-  # Issue #15: the module of this toolchain exports its init function only and shares the process's C++ runtime;
-  # its exporter survives 1,000 scrapes under load with exact per-(layer, expert) counts.
-  python3 tests/lint/check_module_exports.py "$BUILD_DIR"/python/llep/_llep*.so > "$LOGS/module_exports.log" 2>&1 || rc=1
-  # One rank per GPU where the GPUs divide its 16 experts (issue #18: 4 and 8 GPUs), else 2 ranks sharing.
-  scrape_ranks=2; case "$(nvidia-smi -L | wc -l)" in 4|8|16) scrape_ranks=$(nvidia-smi -L | wc -l) ;; esac
-  timeout 300 python3 tests/python/test_metrics_scrape.py --device cuda --ranks $scrape_ranks \
-    > "$LOGS/metrics_scrape.log" 2>&1 || rc=1
-  # Rank masking (DeepEP's shrink scenario: ranks stop calling at dispatch, combine and clean) and recovery after a
-  # timeout without rebuilding the buffer.
-  timeout 400 python3 tests/python/test_shrink.py --device cuda > "$LOGS/shrink.log" 2>&1 || rc=1
-  # The bad-input catalogue: every row a typed error, each followed by an exact round on the same buffer.
-  timeout 300 python3 tests/python/test_bad_inputs.py --device cuda > "$LOGS/bad_inputs.log" 2>&1 || rc=1
-  timeout 300 python3 tests/gpu/grouped_gemm_test.py > "$LOGS/grouped_gemm.log" 2>&1 || rc=1
-fi
+    > "$LOGS/graph_test.log" 2>&1
+}
+# Issue #15: the module of this toolchain exports its init function only and shares the process's C++ runtime;
+# its exporter survives 1,000 scrapes under load with exact per-(layer, expert) counts.
+step_exports() {
+  python3 tests/lint/check_module_exports.py "$BUILD_DIR"/python/llep/_llep*.so > "$LOGS/module_exports.log" 2>&1
+}
+step_scrape() {  # one rank per GPU where the GPUs divide its 16 experts (issue #18: 4 and 8 GPUs), else 2 sharing
+  local ranks=2
+  case "$ngpu" in 4|8|16) ranks=$ngpu ;; esac
+  timeout 300 python3 tests/python/test_metrics_scrape.py --device cuda --ranks "$ranks" > "$LOGS/metrics_scrape.log" 2>&1
+}
+# Rank masking (DeepEP's shrink scenario: ranks stop calling at dispatch, combine and clean) and recovery after a
+# timeout without rebuilding the buffer.
+step_shrink() { timeout 400 python3 tests/python/test_shrink.py --device cuda > "$LOGS/shrink.log" 2>&1; }
+# The bad-input catalogue: every row a typed error, each followed by an exact round on the same buffer.
+step_bad_inputs() { timeout 300 python3 tests/python/test_bad_inputs.py --device cuda > "$LOGS/bad_inputs.log" 2>&1; }
+step_gemm() { timeout 300 python3 tests/gpu/grouped_gemm_test.py > "$LOGS/grouped_gemm.log" 2>&1; }
+
+want() { [ $tests = 1 ] && [[ "$steps" == *" $1 "* ]]; }
+: > "$LOGS/steps.txt"
+for s in $all_steps; do
+  want "$s" || continue
+  t0=$SECONDS
+  "step_$s" "$@"
+  r=$?
+  echo "$s $((SECONDS - t0)) s rc=$r" >> "$LOGS/steps.txt"
+  [ $r = 0 ] || rc=1
+done
 if [ $all = 1 ]; then
   ctest --test-dir "$BUILD_DIR" -LE gpu -j "$(nproc)" --output-on-failure > "$LOGS/other_tests.log" 2>&1 || rc=1
 fi
@@ -60,20 +88,34 @@ if [ $bench = 1 ] && [ $rc = 0 ]; then
   timeout "${LLEP_BENCH_TIMEOUT:-300}" python3 bench/ll_gpu_bench.py --json "$LOGS/ll_gpu_bench.json" \
     ${LLEP_BENCH_ARGS:-} > "$LOGS/ll_gpu_bench.log" 2>&1 || rc=1
 fi
-if [ $tests = 1 ]; then
-  echo "== GPU unit tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_unit_tests.log" | head -20
-  echo "== GPU vs CPU"; grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu.log" | head -40
-  echo "== GPU vs CPU over 2 virtual nodes (proxy path)"
-  if [ -f "$LOGS/gpu_vs_cpu_proxy.log" ]; then
-    grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu_proxy.log" | head -20
+# show STEP TITLE: the step's time and status, then its log's summary lines (summary_STEP), or that it was not selected.
+summary_unit() { grep -E "tests passed|Failed|\*\*\*" "$LOGS/gpu_unit_tests.log" | head -20; }
+summary_matrix() { grep -E "FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu.log" | head -40; }
+summary_proxy() { grep -E "NOT RUN|FAIL|rank .*:|gpu_vs_cpu:|Error|error" "$LOGS/gpu_vs_cpu_proxy.log" | head -20; }
+summary_graph() { grep -E "PASS|FAIL|rank .*:|graph_test:|Error" "$LOGS/graph_test.log" | head -30; }
+summary_exports() { cat "$LOGS/module_exports.log"; }
+summary_scrape() { tail -4 "$LOGS/metrics_scrape.log"; }
+summary_shrink() { grep -E "PASS|FAIL|rank [0-9]" "$LOGS/shrink.log" | head -20; }
+summary_bad_inputs() { grep -vE "^/|^\s+File|^Traceback" "$LOGS/bad_inputs.log" | tail -25; }
+summary_gemm() { tail -5 "$LOGS/grouped_gemm.log"; }
+show() {
+  if want "$1"; then
+    echo "== $2 ($(grep "^$1 " "$LOGS/steps.txt" | cut -d' ' -f2-))"
+    "summary_$1"
   else
-    echo "NOT RUN: needs 2 or more GPUs (this machine has $(nvidia-smi -L | wc -l))"
+    echo "== $2: not selected (LLEP_GPU_TEST_STEPS)"
   fi
-  echo "== CUDA graphs"; grep -E "PASS|FAIL|rank .*:|graph_test:|Error" "$LOGS/graph_test.log" | head -30
-  echo "== Python module and metrics scrape"; cat "$LOGS/module_exports.log"; tail -4 "$LOGS/metrics_scrape.log"
-  echo "== rank masking and recovery"; grep -E "PASS|FAIL|rank [0-9]" "$LOGS/shrink.log" | head -20
-  echo "== bad-input catalogue"; grep -vE "^/|^\s+File|^Traceback" "$LOGS/bad_inputs.log" | tail -25
-  echo "== engine grouped GEMM"; tail -5 "$LOGS/grouped_gemm.log"
+}
+if [ $tests = 1 ]; then
+  show unit "GPU unit tests"
+  show matrix "GPU vs CPU"
+  show proxy "GPU vs CPU over 2 virtual nodes (proxy path)"
+  show graph "CUDA graphs"
+  show exports "Python module exports"
+  show scrape "metrics scrape"
+  show shrink "rank masking and recovery"
+  show bad_inputs "bad-input catalogue"
+  show gemm "engine grouped GEMM"
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
 [ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }
