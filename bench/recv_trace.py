@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Where a receive-only launch spends its time (issue #19, receive-launch fixed cost): one rank, hook mode, the
-kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each op it prints, per
-trace point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped
-before the call state is read), and the profiler's duration of the same receive kernel, so the part of the launch no
-CTA stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
+"""Where a receive-only launch spends its time (issue #19, receive-launch fixed cost): hook mode, the kernels'
+diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each op it prints, per trace
+point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped before
+the call state is read), and the profiler's duration of the same receive kernel, so the part of the launch no CTA
+stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
+
+--ranks R (default 1) runs R ranks, one per GPU (round-robin if fewer GPUs: then not a timing), and prints every rank's
+lines: at EP4 the dispatch receive is 1.2-1.8x DeepEP's where at one rank nothing crosses NVLink (bench/RESULTS.md
+session 30). Each traced launch runs after all ranks finished the one before (synchronise, then a barrier), so a
+receive's timeline is its own work with every message there, as in a hook called late.
 
   LLEP_KERNEL_TRACE is set by this script. Usage: PYTHONPATH=build-gpu/python python3 bench/recv_trace.py --tokens 1 8
+  [--ranks 4]   (LLEP_METRICS=0 in the environment traces the kernels without their metrics)
 """
 import argparse
 import os
@@ -50,27 +56,25 @@ def timeline(buf, op, points):
     return ', '.join(cells)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32, 128])
-    ap.add_argument('--iters', type=int, default=100)
-    args = ap.parse_args()
+def _worker(rank, R, port, tokens, iters):
     os.environ['LLEP_KERNEL_TRACE'] = '1'
     import llep
-    init_gloo(0, 1, free_port(), 60)
-    dev = torch.device('cuda', 0)
+    init_gloo(rank, R, port, 120)
+    dev = torch.device('cuda', rank % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-    T_top = buffer_tokens(max(args.tokens), 1)  # so `--tokens 1` runs instead of being refused
-    buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, 1, E),
+    E_loc = E // R
+    T_top = buffer_tokens(max(tokens), R)  # so `--tokens 1` runs instead of being refused
+    buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T_top, H, R, E),
                       low_latency_mode=True, explicitly_destroy=True)
-    for T in args.tokens:
-        g = torch.Generator(device=dev).manual_seed(T)
+    out = []
+    for T in tokens:
+        g = torch.Generator(device=dev).manual_seed(1000 * T + rank)
         x = torch.randn((T, H), generator=g, device=dev).to(torch.bfloat16)
         topk = torch.topk(torch.rand((T, E), generator=g, device=dev), K, dim=-1).indices.to(torch.int64)
         w = torch.rand((T, K), generator=g, device=dev)
         state = {}
 
-        y = torch.zeros((E, T_top, H), dtype=torch.bfloat16, device=dev)  # the experts' outputs (1 rank: E local)
+        y = torch.zeros((E_loc, R * T_top, H), dtype=torch.bfloat16, device=dev)  # the local experts' outputs
 
         def round_trip():
             state['d'] = buf.low_latency_dispatch(x, topk, T_top, E, return_recv_hook=True)
@@ -79,33 +83,63 @@ def main():
             _, _, ch = buf.low_latency_combine(y, topk, w, handle, return_recv_hook=True)
             ch()
 
+        def settle():  # this launch finished on every rank
+            torch.cuda.synchronize()
+            dist.barrier()
+
         for _ in range(5):
             round_trip()
+        settle()
         # One more round, stopped after each launch to read that launch's timeline ('entered', 'call_read' and
         # 'opened' are stamped by send and receive launches alike, so each is read before the next launch).
         lines = {}
         d = buf.low_latency_dispatch(x, topk, T_top, E, return_recv_hook=True)
-        torch.cuda.synchronize()
+        settle()
         lines['ds'] = timeline(buf, 0, SEND)
         d[-1]()
-        torch.cuda.synchronize()
+        settle()
         lines['dr'] = timeline(buf, 0, RECV)
         _, _, ch = buf.low_latency_combine(y, topk, w, d[2], return_recv_hook=True)
-        torch.cuda.synchronize()
+        settle()
         lines['cs'] = timeline(buf, 1, SEND)
         ch()
-        torch.cuda.synchronize()
+        settle()
         lines['cr'] = timeline(buf, 1, RECV)
-        ks = kernel_times(round_trip, args.iters, torch.cuda.synchronize)
+        ks = kernel_times(round_trip, iters, torch.cuda.synchronize)
+        settle()
         med = {f'{op}_{ph}': statistics.median(ks[op][i::2]) for op in ks for i, ph in ((0, 'send'), (1, 'recv'))}
-        print(f'T={T}: profiler kernel durations (µs, median): ' + ', '.join(f'{k} {v:.2f}' for k, v in med.items()),
-              flush=True)
-        print(f'T={T}: dispatch send launch, µs since the first CTA entered (median/max over CTAs): {lines["ds"]}')
-        print(f'T={T}: dispatch receive launch: {lines["dr"]}')
-        print(f'T={T}: combine send launch: {lines["cs"]}')
-        print(f'T={T}: combine receive launch: {lines["cr"]}', flush=True)
+        who = f'T={T}' + (f' rank {rank}' if R > 1 else '')
+        out += [f'{who}: profiler kernel durations (µs, median): ' + ', '.join(f'{k} {v:.2f}' for k, v in med.items()),
+                f'{who}: dispatch send launch, µs since the first CTA entered (median/max over CTAs): {lines["ds"]}',
+                f'{who}: dispatch receive launch: {lines["dr"]}',
+                f'{who}: combine send launch: {lines["cs"]}',
+                f'{who}: combine receive launch: {lines["cr"]}']
     buf.destroy()
+    every = [None] * R
+    dist.all_gather_object(every, out)
+    if rank == 0:  # rank by rank, per T
+        for i in range(0, len(out), 5):
+            for r in range(R):
+                print('\n'.join(every[r][i:i + 5]), flush=True)
     dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32, 128])
+    ap.add_argument('--iters', type=int, default=100)
+    ap.add_argument('--ranks', type=int, default=1, help='ranks, one per GPU (default 1)')
+    args = ap.parse_args()
+    if args.ranks < 1 or E % args.ranks:
+        ap.error(f'--ranks must divide the {E} experts')
+    if torch.cuda.device_count() < args.ranks:
+        print(f'WARNING: {args.ranks} ranks share {torch.cuda.device_count()} GPUs: the timelines are not timings')
+    port = free_port()
+    if args.ranks == 1:
+        _worker(0, 1, port, args.tokens, args.iters)
+    else:
+        import torch.multiprocessing as mp
+        mp.spawn(_worker, args=(args.ranks, port, args.tokens, args.iters), nprocs=args.ranks, join=True)
 
 
 if __name__ == '__main__':
