@@ -23,13 +23,16 @@ import sys
 import tempfile
 import time
 
+# llep-xs: llep with the combine reduced at the expert side (llep.engine --expert-side-combine).
+SYSTEMS = {'llep': ['--system', 'llep'], 'llep-xs': ['--system', 'llep', '--expert-side-combine'],
+           'deepep': ['--system', 'deepep'], 'nccl': ['--system', 'nccl']}
 MODES = {'eager': [], 'graphs': ['--graphs'], 'graphs+tbo': ['--graphs', '--tbo'], 'eager+tbo': ['--pad', '--tbo']}
 
 
 def run_one(a, system: str, mode: str, batch: int) -> dict:
     workdir = tempfile.mkdtemp(prefix='llep-engine-bench-')
     cmd = [sys.executable, '-m', 'llep.engine', '--device', a.device, '--ranks', str(a.ranks), '--model', a.model,
-           '--system', system, '--requests', str(batch), '--max-batch', str(batch), '--new-tokens',
+           *SYSTEMS[system], '--requests', str(batch), '--max-batch', str(batch), '--new-tokens',
            str(a.new_tokens), '--workdir', workdir, *MODES[mode], *(['--layers', str(a.layers)] if a.layers else []),
            *(['--fp8'] if a.fp8 else [])]
     t0 = time.time()
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument('--model', default='deepseek-v3-moe')
     ap.add_argument('--layers', type=int, default=0)
     ap.add_argument('--batches', type=int, nargs='+', default=[1, 8, 32, 128])
-    ap.add_argument('--systems', nargs='+', choices=('llep', 'deepep', 'nccl'), default=['llep', 'deepep', 'nccl'])
+    ap.add_argument('--systems', nargs='+', choices=tuple(SYSTEMS), default=['llep', 'deepep', 'nccl'])
     ap.add_argument('--modes', nargs='+', choices=tuple(MODES), default=['eager', 'graphs', 'graphs+tbo'])
     ap.add_argument('--new-tokens', type=int, default=16)
     ap.add_argument('--fp8', action='store_true')

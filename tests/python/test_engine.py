@@ -49,9 +49,10 @@ def _results(workdir, ranks):
 @pytest.mark.parametrize('extra,ranks', [(('--ranks', '2', '--metrics-port', '0'), 2),
                                          (('--ranks', '4', '--fp8', '--no-hooks'), 4),
                                          (('--ranks', '2', '--pad'), 2), (('--ranks', '4', '--pad', '--tbo'), 4),
-                                         (('--ranks', '2', '--max-batch', '1'), 2)],
+                                         (('--ranks', '2', '--max-batch', '1'), 2),
+                                         (('--ranks', '4', '--fp8', '--pad', '--tbo', '--expert-side-combine'), 4)],
                          ids=['bf16-hooks-2ranks', 'fp8-nohooks-4ranks', 'bf16-padded-2ranks', 'bf16-padded-tbo-4ranks',
-                              'batch1-2ranks'])
+                              'batch1-2ranks', 'fp8-padded-tbo-expert-side-4ranks'])
 def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     p, workdir = _run(*extra, '--check')
     assert p.returncode == 0 and 'check: PASS' in p.stdout, p.stdout + p.stderr[-3000:]
@@ -61,6 +62,12 @@ def test_engine_tokens_equal_the_dense_reference(extra, ranks):
     assert all(len(r['received_per_layer']) == 2 for r in results)  # the load check above ran (tiny: 2 layers)
     if '--metrics-port' in extra:  # the exporter check above ran: decode steps and tokens on the exporter
         assert all(r['exported']['llep_decode_step_seconds_count'] == len(r['step_ms']) > 0 for r in results)
+    if '--expert-side-combine' in extra:
+        # The reference followed the expert-side order, and that mattered: against the per-expert order (DeepEP's)
+        # these tokens differ (one more bf16 rounding per (token, rank) flips a greedy choice within 32 tokens).
+        from llep.engine.__main__ import _args, compare
+        per_expert = _args([*ENGINE[3:], *(a for a in extra if a != '--expert-side-combine')])
+        assert 'differs from the reference' in compare(per_expert, results)
 
 
 def test_engine_on_the_all_to_all_baseline_equals_the_dense_reference():
@@ -71,6 +78,11 @@ def test_engine_on_the_all_to_all_baseline_equals_the_dense_reference():
     results = _results(workdir, 4)
     assert all(len(r['tokens']) == 8 and all(len(t) == 32 for t in r['tokens'].values()) for r in results)
     assert all('received_per_layer' not in r for r in results)
+
+
+def test_expert_side_combine_is_refused_on_other_systems():
+    p, _ = _run('--ranks', '2', '--system', 'nccl', '--expert-side-combine')
+    assert p.returncode == 2 and "--expert-side-combine is llep's" in p.stdout, p.stdout + p.stderr[-2000:]
 
 
 def test_engine_loads_safetensors_and_the_check_can_fail():
@@ -180,3 +192,40 @@ def test_exact_expert_path_splits_groups_without_changing_results(monkeypatch):
         assert calls == want_calls
         assert split.shape == (groups, 3, 16) and split.dtype == torch.bfloat16
         assert torch.equal(split, whole)
+
+
+def test_dense_reference_follows_the_expert_side_order():
+    """DenseMoE(expert_side_ranks=R), the reference of --expert-side-combine: with one rank it is the per-expert order
+    (the partial is the whole sum, rounding it to bf16 twice changes nothing); with one expert per rank, each
+    selection's w * y rounded to bf16 on its own and the ranks added in fp32 in expert order, computed here apart; and
+    it differs from the per-expert order somewhere, or the engine check could not tell the two apart."""
+    import torch
+    from llep.engine import ModelConfig, init_weights
+    from llep.engine.moe import DenseMoE
+    cfg = ModelConfig.tiny()
+    weights = init_weights(cfg, seed=3)
+    cpu = torch.device('cpu')
+    B, E, K = 64, cfg.num_experts, cfg.top_k
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn((B, cfg.hidden), generator=g).to(torch.bfloat16)
+    idx = torch.topk(torch.rand((B, E), generator=g), K, dim=-1).indices
+    idx[torch.rand((B, K), generator=g) < 0.2] = -1
+    w = torch.rand((B, K), generator=g)
+
+    def no_shared():
+        return torch.zeros((B, cfg.hidden), dtype=torch.bfloat16)
+
+    per_expert = DenseMoE(cfg, weights, cpu)(0, x, idx, w, no_shared)
+    assert torch.equal(DenseMoE(cfg, weights, cpu, expert_side_ranks=1)(0, x, idx, w, no_shared), per_expert)
+    one_each = DenseMoE(cfg, weights, cpu, expert_side_ranks=E)(0, x, idx, w, no_shared)
+    from llep.engine.experts import expert_mlp
+    gu, dn = DenseMoE(cfg, weights, cpu).experts[0]
+    want = torch.zeros((B, cfg.hidden), dtype=torch.float32)
+    for t in range(B):
+        for k in sorted(range(K), key=lambda k: int(idx[t, k])):  # rank order = expert order here
+            e = int(idx[t, k])
+            if e >= 0:
+                y = expert_mlp(x[t].view(1, -1), gu[e], dn[e]).view(-1)
+                want[t] += (w[t, k].double() * y.double()).float().to(torch.bfloat16).float()
+    assert torch.equal(one_each, want.to(torch.bfloat16))
+    assert not torch.equal(one_each, per_expert)

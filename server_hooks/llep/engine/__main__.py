@@ -43,6 +43,9 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument('--metrics-port', type=int, default=-1,
                     help='llep: each rank\'s Prometheus exporter on this port + rank (0: any free port), with the '
                          'engine\'s decode step latency and token counter beside the communication metrics')
+    ap.add_argument('--expert-side-combine', action='store_true',
+                    help='llep: dispatch carries the topk weights (combine_weights) and the combine is reduced at the '
+                         'experts\' ranks (the reference follows that order)')
     ap.add_argument('--check', action='store_true', help='compare with the dense single-process reference')
     ap.add_argument('--workdir', default='')
     ap.add_argument('--rank', type=int, default=-1, help=argparse.SUPPRESS)  # set for the rank processes
@@ -123,7 +126,8 @@ def _rank_main(a) -> None:
         a2a_group = dist.new_group(backend='nccl') if a.device == 'cuda' else group
         moe = AllToAllMoE(cfg, weights, a2a_group, a.rank, a.ranks, a.max_batch, dev, use_fp8=a.fp8)
     else:
-        moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, T, dev, use_fp8=a.fp8, hooks=not a.no_hooks)
+        moe = EpMoE(cfg, weights, buf, a.rank, a.ranks, T, dev, use_fp8=a.fp8, hooks=not a.no_hooks,
+                    expert_side=a.expert_side_combine)
     model = Model(cfg, weights, moe, dev, a.max_batch)
     engine = Engine(model, a.max_batch, group, idle=moe.idle, pad=a.pad, graphs=a.graphs, two_batches=a.tbo,
                     observe=buf.observe_decode_step if exporter else None)
@@ -179,7 +183,8 @@ def reference_model(a):
     cfg = ModelConfig.named(a.model, a.layers)
     weights = _weights(a, cfg)
     dev = torch.device('cuda', 0) if a.device == 'cuda' else torch.device('cpu')
-    return Model(cfg, weights, DenseMoE(cfg, weights, dev, use_fp8=a.fp8), dev, a.max_batch)
+    moe = DenseMoE(cfg, weights, dev, use_fp8=a.fp8, expert_side_ranks=a.ranks if a.expert_side_combine else 0)
+    return Model(cfg, weights, moe, dev, a.max_batch)
 
 
 def reference_tokens(a, model, rank: int) -> Dict[str, List[int]]:
@@ -196,6 +201,9 @@ def launch(a, argv: List[str]) -> int:
     cfg = ModelConfig.named(a.model, a.layers)
     if a.ranks < 1 or cfg.num_experts % a.ranks:
         print(f'llep.engine: {a.ranks} ranks cannot share {cfg.num_experts} experts evenly')
+        return 2
+    if a.expert_side_combine and a.system != 'llep':
+        print(f'llep.engine: --expert-side-combine is llep\'s (combine_weights at dispatch), not {a.system}\'s')
         return 2
     workdir = a.workdir or tempfile.mkdtemp(prefix='llep-engine-')
     from llep.utils import free_port
@@ -240,7 +248,7 @@ def launch(a, argv: List[str]) -> int:
     print(f'llep.engine check: PASS: {sum(len(r["tokens"]) for r in results)} requests on {a.ranks} ranks over {a.system}, every '
           f'token equal to the dense reference ({"FP8" if a.fp8 else "BF16"} dispatch, '
           f'hooks {"off" if a.no_hooks else "on"}, {"graphs" if a.graphs else "padded" if a.pad else "eager"}'
-          f'{", two-batch overlap" if a.tbo else ""})')
+          f'{", two-batch overlap" if a.tbo else ""}{", combine reduced at the expert side" if a.expert_side_combine else ""})')
     return 0
 
 

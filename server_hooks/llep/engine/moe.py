@@ -91,11 +91,15 @@ class StagedMoE:
 
 class DenseMoE:
     """Reference: out[t] = bf16(sum_k w[t,k] * expert_{idx[t,k]}(x[t])) in fp32, top-k order (as llep's combine adds),
-    plus the shared expert."""
+    plus the shared expert. With expert_side_ranks = R > 0, the order of llep's combine reduced at the expert side
+    (EpMoE expert_side; kernels/EXPERT_SIDE_COMBINE.md) over R ranks of E / R experts each: out[t] = bf16(sum over the
+    ranks r, ascending, of bf16(sum_k w[t,k] * y in fp32, top-k order, over t's selections on r)) in fp32."""
 
     def __init__(self, cfg: ModelConfig, weights: Dict[str, torch.Tensor], device: torch.device,
-                 use_fp8: bool = False) -> None:
+                 use_fp8: bool = False, expert_side_ranks: int = 0) -> None:
         self.use_fp8 = use_fp8  # the rows the experts see went through FP8 (fp8_round_trip), as dispatch sends them
+        self.expert_side_ranks = expert_side_ranks
+        self.E_loc = cfg.num_experts // expert_side_ranks if expert_side_ranks else 0
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, range(cfg.num_experts)))
                         for layer in range(cfg.num_layers)]
 
@@ -113,22 +117,34 @@ class DenseMoE:
                  shared: Callable[[], torch.Tensor]) -> torch.Tensor:
         gu, dn = self.experts[layer]
         rows = fp8_round_trip(x) if self.use_fp8 else x
-        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for k in range(idx.shape[1]):
-            e = idx[:, k]
-            y = expert_mlp(rows.unsqueeze(1), gu[e.clamp(min=0)], dn[e.clamp(min=0)]).squeeze(1)
-            acc = add_topk_term(acc, w[:, k], y, e >= 0)
-        return add_shared(acc.to(torch.bfloat16), shared())
+        ys = [expert_mlp(rows.unsqueeze(1), gu[e.clamp(min=0)], dn[e.clamp(min=0)]).squeeze(1) for e in idx.t()]
+        if not self.expert_side_ranks:
+            acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            for k, y in enumerate(ys):
+                acc = add_topk_term(acc, w[:, k], y, idx[:, k] >= 0)
+            return add_shared(acc.to(torch.bfloat16), shared())
+        total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for r in range(self.expert_side_ranks):  # each rank's partial rounded to bf16, the ranks added in fp32
+            part = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            for k, y in enumerate(ys):
+                part = add_topk_term(part, w[:, k], y, (idx[:, k] >= 0) & (idx[:, k] // self.E_loc == r))
+            total = total + part.to(torch.bfloat16).float()
+        return add_shared(total.to(torch.bfloat16), shared())
 
 
 class EpMoE(StagedMoE):
     """Expert parallel over `buffer` (llep.Buffer or deep_ep.Buffer), one Buffer for every layer. This rank holds
     experts [rank * E_loc, (rank + 1) * E_loc). `hooks`: dispatch and combine with return_recv_hook and the shared
-    expert between the send and the receive; otherwise the shared expert runs after the dispatch returns."""
+    expert between the send and the receive; otherwise the shared expert runs after the dispatch returns.
+    `expert_side` (llep's Buffer only): each dispatch carries its topk_weights (llep's `combine_weights` keyword), so
+    the combine reduces a token's rows on the experts' ranks and returns one row per (token, rank): fewer combine bytes
+    from ~32 tokens per rank (bench/RESULTS.md sessions 29-30), one more bf16 rounding than DeepEP's order."""
 
     def __init__(self, cfg: ModelConfig, weights: Dict[str, torch.Tensor], buffer, rank: int, num_ranks: int,
-                 max_tokens: int, device: torch.device, use_fp8: bool = False, hooks: bool = True) -> None:
+                 max_tokens: int, device: torch.device, use_fp8: bool = False, hooks: bool = True,
+                 expert_side: bool = False) -> None:
         self.cfg, self.buffer, self.T, self.use_fp8, self.hooks = cfg, buffer, max_tokens, use_fp8, hooks
+        self.expert_side = expert_side
         E_loc = cfg.num_experts // num_ranks
         mine = range(rank * E_loc, (rank + 1) * E_loc)
         self.experts = [tuple(t.to(device) for t in stack_experts(weights, layer, mine)) for layer in range(cfg.num_layers)]
@@ -149,7 +165,7 @@ class EpMoE(StagedMoE):
             x, idx, w = self.dummy_x, self.dummy_idx, self.dummy_w
         recv, count, handle, _event, hook = self.buffer.low_latency_dispatch(
             x, idx, self.T, self.cfg.num_experts, use_fp8=self.use_fp8, return_recv_hook=self.hooks,
-            **({'layer': layer} if self.per_layer else {}))
+            **({'layer': layer} if self.per_layer else {}), **({'combine_weights': w} if self.expert_side else {}))
         return {'layer': layer, 'n': n, 'rows': x.shape[0], 'idx': idx, 'w': w, 'shared': shared, 'mb': mb,
                 'recv': recv, 'count': count, 'handle': handle, 'hook': hook}
 
