@@ -162,9 +162,8 @@ def _worker(rank, port, device, out_dir, R):  # R: the ranks (module default 2; 
 
 
 def run(device, out_dir, ranks=R):
-    R = ranks
-    mp.spawn(_worker, args=(free_port(), device, out_dir, R), nprocs=R, join=True)
-    results = [json.load(open(os.path.join(out_dir, f'rank{r}.txt'))) for r in range(R)]
+    mp.spawn(_worker, args=(free_port(), device, out_dir, ranks), nprocs=ranks, join=True)
+    results = [json.load(open(os.path.join(out_dir, f'rank{r}.txt'))) for r in range(ranks)]
     for r, res in enumerate(results):
         print(f'rank {r}: {res["stats"]}')
     errors = [f'rank {r}: {e}' for r, res in enumerate(results) for e in res['errors']]
