@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Where a receive-only launch spends its time (issue #19, receive-launch fixed cost): hook mode, the kernels'
-diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each op it prints, per trace
+"""Where a receive-only launch spends its time (issue #19, the receive launch's fixed cost), on each rank.
+
+Hook mode, the kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each op it prints, per trace
 point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped before
 the call state is read), and the profiler's duration of the same receive kernel, so the part of the launch no CTA
 stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
