@@ -20,6 +20,17 @@ using protocol::LlOp;
 
 namespace {
 
+/// The kept entry (per buffer half: expert plan or sent weights) of the dispatch with this plan key, half 1's when both
+/// name it; null when none does (key 0 names no dispatch).
+template <typename Kept>
+const Kept* KeptFor(const std::array<Kept, 2>& kept, uint64_t key) {
+  const Kept* found = nullptr;
+  for (const Kept& k : kept) {
+    if (key != 0 && k.plan_key == key) found = &k;
+  }
+  return found;
+}
+
 uint64_t NowNs() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -207,13 +218,8 @@ absl::StatusOr<PendingOp> CpuBuffer::CombineSend(const CombineCall& call) {
   absl::MutexLock lock(&mu_);
   const kernels::ExpertSidePlan* expert_plan = nullptr;
   if (call.expert_reduced) {
-    for (const kernels::ExpertSidePlan& p : expert_plans_) {
-      if (call.plan_key != 0 && p.plan_key == call.plan_key) expert_plan = &p;
-    }
-    const KeptWeights* sent = nullptr;
-    for (const KeptWeights& k : sent_weights_) {
-      if (call.plan_key != 0 && k.plan_key == call.plan_key) sent = &k;
-    }
+    expert_plan = KeptFor(expert_plans_, call.plan_key);
+    const KeptWeights* sent = KeptFor(sent_weights_, call.plan_key);
     if (expert_plan == nullptr || sent == nullptr) {
       return absl::FailedPreconditionError(
           "combine of a dispatch that carried topk_weights: that dispatch's messages are no longer kept (a later "

@@ -240,7 +240,7 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
         std::memcpy(peer.direct_base + L.DispatchRecvOffset(half, ctx.rank, j, fp8),
                     ctx.local_base + L.DispatchPayloadOffset(half, t, fp8), static_cast<size_t>(payload_bytes));
       }
-      StoreSignalRelease(peer.direct_base, L.SignalOffset(half, LlOp::kDispatch, ctx.rank), signal);
+      SignalPeer(ctx, peer, LlOp::kDispatch, half, d, signal);  // a mapped peer: a store, never refused
       continue;
     }
     if (!PushWrite(peer, LlOp::kDispatch, half, d, L.RouteSendOffset(half, d), L.RouteRecvOffset(half, ctx.rank),
@@ -266,7 +266,7 @@ bool DispatchSendHost(const HostRankContext& ctx, const DispatchSendArgs& a) {
       if (!flush()) return false;
       run_t = t, run_j = j, run_len = 1;
     }
-    if (!flush() || !PushSignal(peer, LlOp::kDispatch, half, d, signal)) return false;
+    if (!flush() || !SignalPeer(ctx, peer, LlOp::kDispatch, half, d, signal)) return false;
   }
   return true;
 }

@@ -57,11 +57,9 @@ bool CombineSendReducedHost(const HostRankContext& ctx, const CombineSendArgs& a
       if (!flush()) return false;
       run_t = m.token, run_len = 1;
     }
-    if (peer.direct_base == nullptr && !flush()) return false;
-    const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(msgs.size()));
-    if (peer.direct_base != nullptr) {
-      StoreSignalRelease(peer.direct_base, L.SignalOffset(half, LlOp::kCombine, ctx.rank), signal);
-    } else if (!PushSignal(peer, LlOp::kCombine, half, d, signal)) {
+    // (A mapped peer has no run to flush.)
+    if (!flush() || !SignalPeer(ctx, peer, LlOp::kCombine, half, d,
+                                protocol::PackSignal(a.seq, static_cast<uint32_t>(msgs.size())))) {
       return false;
     }
   }
@@ -103,10 +101,7 @@ bool CombineSendHost(const HostRankContext& ctx, const CombineSendArgs& a) {
       }
       pos += c;
     }
-    const uint64_t signal = protocol::PackSignal(a.seq, static_cast<uint32_t>(pos));
-    if (peer.direct_base != nullptr) {
-      StoreSignalRelease(peer.direct_base, L.SignalOffset(half, LlOp::kCombine, ctx.rank), signal);
-    } else if (!PushSignal(peer, LlOp::kCombine, half, d, signal)) {
+    if (!SignalPeer(ctx, peer, LlOp::kCombine, half, d, protocol::PackSignal(a.seq, static_cast<uint32_t>(pos)))) {
       return false;
     }
   }

@@ -27,6 +27,15 @@ inline bool PushSignal(const HostPeer& peer, protocol::LlOp op, int half, int ds
   return protocol::FifoPush(*peer.fifo, protocol::MakeSignalCmd(op, half, dst, word));
 }
 
+/// Peer d's signal word for this rank: a release store into its region (a peer mapped here), or a signal command after
+/// the writes already pushed to its proxy ring (ring order delivers it after them). False: the ring refused the push.
+inline bool SignalPeer(const HostRankContext& ctx, const HostPeer& peer, protocol::LlOp op, int half, int d,
+                       uint64_t word) {
+  if (peer.direct_base == nullptr) return PushSignal(peer, op, half, d, word);
+  StoreSignalRelease(peer.direct_base, ctx.layout.SignalOffset(half, op, ctx.rank), word);
+  return true;
+}
+
 inline bool IsMasked(const HostRankContext& ctx, int r) { return ctx.masked != nullptr && ctx.masked[r] != 0; }
 
 }  // namespace llep::kernels
