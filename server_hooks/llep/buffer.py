@@ -168,7 +168,8 @@ class _HandleTokens(int):
     DispatchCall::plan_key; kernels/cuda/ll_kernels.h CarriedPlanArea). It rides in the handle's int so that copies of
     the handle (tensors cloned, the tuple rebuilt) keep it; a handle without it combines the same, counting the rows'
     positions instead. `expert_reduced`: the dispatch carried combine_weights, so its combine reduces on the experts'
-    ranks."""
+    ranks (a class default, set on the instance only then: one attribute store fewer per dispatch without them)."""
+    expert_reduced = False
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
@@ -585,7 +586,8 @@ class Buffer:
                     hook._handle_key = layout_range.data_ptr()
             tokens = _HandleTokens(num_max_dispatch_tokens_per_rank)
             tokens.plan_key = plan_key
-            tokens.expert_reduced = combine_weights is not None
+            if combine_weights is not None:
+                tokens.expert_reduced = True
             handle = (src_info, layout_range, tokens, hidden, int(num_experts))
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
