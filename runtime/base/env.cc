@@ -91,6 +91,7 @@ absl::StatusOr<Options> ReadOptions() {
   LLEP_RETURN_IF_ERROR(ReadInt("LLEP_IB_GID_INDEX", 0, &o.ib_gid_index));
   LLEP_RETURN_IF_ERROR(ReadInt("LLEP_LOG_LEVEL", 0, &o.log_level));
   LLEP_RETURN_IF_ERROR(ReadBool("LLEP_AS_DEEP_EP", &o.as_deep_ep));
+  LLEP_RETURN_IF_ERROR(ReadBool("LLEP_REUSE_OUTPUTS", &o.reuse_outputs));
   return o;
 }
 

@@ -36,7 +36,8 @@ struct Options {
   std::string ib_device;                       ///< LLEP_IB_DEVICE: ibverbs device; "" = the first
   int ib_gid_index = 0;                        ///< LLEP_IB_GID_INDEX
   int log_level = 1;                           ///< LLEP_LOG_LEVEL: 0 error, 1 warning, 2 info, 3 debug
-  bool as_deep_ep = true;  ///< LLEP_AS_DEEP_EP: 0 keeps the vLLM plugin from answering `import deep_ep`
+  bool as_deep_ep = true;     ///< LLEP_AS_DEEP_EP: 0 keeps the vLLM plugin from answering `import deep_ep`
+  bool reuse_outputs = true;  ///< LLEP_REUSE_OUTPUTS: 0 makes every call allocate its outputs (llep/_output_pool.py)
 };
 
 inline constexpr const char* kOptionNames[] = {
@@ -45,7 +46,7 @@ inline constexpr const char* kOptionNames[] = {
     "LLEP_KERNEL_TRACE",   "LLEP_METRICS_LAYERS",     "LLEP_METRICS_PORT",     "LLEP_METRICS_ADDR",
     "LLEP_METRICS_LABELS", "LLEP_METRICS_INTERVAL_S", "LLEP_RANKS_PER_NODE",   "LLEP_IB_DEVICE",
     "LLEP_IB_GID_INDEX",   "LLEP_LOG_LEVEL",          "LLEP_CPU_PORTABLE_FMA", "LLEP_CPU_PORTABLE_FP8",
-    "LLEP_AS_DEEP_EP"};
+    "LLEP_AS_DEEP_EP",     "LLEP_REUSE_OUTPUTS"};
 
 /// Reads every option now (unset or empty = the default). InvalidArgument naming the variable for a value that does
 /// not parse or is out of range, so a typo is an error instead of a silently ignored setting.

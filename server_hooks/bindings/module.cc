@@ -54,6 +54,7 @@ PYBIND11_MODULE(LLEP_MODULE_NAME, m) {
         d["metrics_labels"] = o->metrics_labels;
         d["metrics_interval_s"] = o->metrics_interval_s;
         d["as_deep_ep"] = o->as_deep_ep;
+        d["reuse_outputs"] = o->reuse_outputs;
         return d;
       },
       "The LLEP_* options the Python layer uses, read now (runtime/base/env.h: one read site, one default each; "

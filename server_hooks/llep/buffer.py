@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 
 from llep import _llep
+from llep._output_pool import AVAILABLE as _POOL_AVAILABLE
+from llep._output_pool import OutputPool
 from llep.utils import CompletedEvent, EventOverlap
 
 topk_idx_t = torch.int64
@@ -74,6 +76,7 @@ def _check_fork_kwargs(method: str, kwargs: Dict[str, Any], known: Tuple[str, ..
 # tensor call below through Python. The calls pass explicit devices, so nothing depends on the default device.
 _NoTorchFunction = getattr(torch._C, 'DisableTorchFunction', contextlib.nullcontext)
 _raw_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None)  # device index -> cudaStream_t as int
+_capturing = getattr(torch._C, '_cuda_isCurrentStreamCapturing', None)  # () -> bool, for the current device
 
 
 def _fast_ok(t: Any, dtype: torch.dtype, dev_index: int) -> bool:
@@ -262,6 +265,10 @@ class Buffer:
         self._dispatched = False  # a combine needs a dispatch of this layout before it
         # layout_range addresses of dispatches whose receive hook has not run: their handle is not written yet.
         self._unreceived: set = set()
+        # Output tensors handed out again once nothing refers to them (llep/_output_pool.py; LLEP_REUSE_OUTPUTS).
+        reuse = bool(self._options['reuse_outputs']) and _POOL_AVAILABLE
+        self._dispatch_pool = OutputPool(per_key=2, max_sets=4) if reuse else None  # per (mode, stream)
+        self._combine_pool = OutputPool(per_key=2, max_sets=16) if reuse else None  # per (tokens, stream)
         default = 'cuda' if getattr(_llep, 'HAVE_CUDA', False) and torch.cuda.is_available() else 'cpu'
         self.backend = self._options['backend'] or default
 
@@ -310,6 +317,7 @@ class Buffer:
         self._out_specs = {}
         self._dispatched = False
         self._unreceived.clear()
+        self._clear_pools()  # the outputs of another layout
         E_loc, rows = shape[2] // self.group_size, self.group_size * shape[0]
         self._combine_specs = ((E_loc, rows, shape[1]), (E_loc, rows), (E_loc, self.group_size))
         port = int(self._options['metrics_port'])
@@ -424,7 +432,20 @@ class Buffer:
         if self.runtime is not None:
             runtime, self.runtime = self.runtime, None
             runtime.close()
+        self._clear_pools()
         self._destroyed = True
+
+    def _clear_pools(self) -> None:
+        for pool in (self._dispatch_pool, self._combine_pool):
+            if pool is not None:
+                pool.clear()
+
+    def _pool_key(self, pool: Optional[OutputPool], mode: Any, stream: int) -> Any:
+        """The key under which `pool` keeps this call's outputs, or None where they are not pooled: reuse off, or a
+        stream being captured into a CUDA graph (outputs from the graph's pool, as torch allocates them there)."""
+        if pool is None or (self._dev_index >= 0 and _capturing is not None and _capturing()):
+            return None
+        return (mode, stream)
 
     def __del__(self) -> None:
         # No collective here (DeepEP notes a destructor barrier can hang exception handling): just stop the proxy.
@@ -555,14 +576,21 @@ class Buffer:
                                                  combine_weights.shape == topk_idx.shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
-            # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4
-            # µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md).
-            recv_x = x.new_empty(out.x_shape, dtype=out.x_dtype)
-            scales = (x.new_empty_strided(out.scales_shape, out.scales_stride, dtype=out.scales_dtype) if use_fp8
-                      else None)
-            recv_count = x.new_empty(out.count_shape, dtype=torch.int32)
-            src_info = x.new_empty(out.src_info_shape, dtype=torch.int32)
-            layout_range = x.new_empty(out.layout_range_shape, dtype=torch.int64)
+            stream = self._stream()
+            key = self._pool_key(self._dispatch_pool, (use_fp8, use_ue8m0), stream)
+            outs = None if key is None else self._dispatch_pool.take(key)
+            if outs is None:
+                # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11:
+                # 5.1-5.4 µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md).
+                outs = (x.new_empty(out.x_shape, dtype=out.x_dtype),
+                        x.new_empty_strided(out.scales_shape, out.scales_stride, dtype=out.scales_dtype) if use_fp8
+                        else None,
+                        x.new_empty(out.count_shape, dtype=torch.int32),
+                        x.new_empty(out.src_info_shape, dtype=torch.int32),
+                        x.new_empty(out.layout_range_shape, dtype=torch.int64))
+                if key is not None:
+                    self._dispatch_pool.adopt(key, outs)  # before the tensors are bound anywhere else
+            recv_x, scales, recv_count, src_info, layout_range = outs
             plan_key = next(_plan_keys)
             op = runtime.dispatch(
                 # combine_weights: None or an address (0 for an empty batch, which still carries them).
@@ -572,7 +600,7 @@ class Buffer:
                 layout_range.data_ptr(),
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
                 0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
-                layer, plan_key, return_recv_hook, self._stream())
+                layer, plan_key, return_recv_hook, stream)
             self._dispatched = True
             if self._unreceived:  # an entry at this address is stale: its hook was dropped unrun and the memory reused
                 self._unreceived.discard(layout_range.data_ptr())
@@ -662,14 +690,21 @@ class Buffer:
                     'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
                     'hook before combining')
             num_tokens = topk_idx.size(0)
+            stream = self._stream()
             if out is None:
-                out = topk_weights.new_empty((num_tokens, hidden), dtype=torch.bfloat16)
+                key = self._pool_key(self._combine_pool, num_tokens, stream)
+                outs = None if key is None else self._combine_pool.take(key)
+                if outs is None:
+                    outs = (topk_weights.new_empty((num_tokens, hidden), dtype=torch.bfloat16),)
+                    if key is not None:
+                        self._combine_pool.adopt(key, outs)
+                out = outs[0]
             op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
                                  topk_weights.data_ptr(), num_tokens, topk_idx.size(1), layout_range.data_ptr(),
                                  out.data_ptr(),
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
                                  getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
-                                 self._stream())
+                                 stream)
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Output reuse (llep/_output_pool.py, LLEP_REUSE_OUTPUTS): a set of output tensors is handed out again only when
+nothing refers to any tensor in it, and what a caller still holds is never written by a later call.
+
+With a torch that has the counters (torch 2.x: torch._C._storage_Use_Count, Tensor._use_count) every way of holding
+an output is tried: the tensor itself, a view, a DLPack capsule (C++ holding the TensorImpl), a receive hook that was
+not run; each must make the next call use other memory and leave the held values as they were, and once everything
+is dropped the next call must reuse the memory. Without the counters (Debian's torch 1.13, CI) the pool must be off;
+the held-values checks hold for any allocator and run there too. The Buffer cases run on one rank: CPU backend under pytest, `--device cuda` on a GPU
+(there also a CUDA-graph capture, whose outputs must come from the graph's pool, not from the reuse pool).
+Usage: test_output_pool.py [--device cpu|cuda]   (exit 0 = pass)"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.dlpack import to_dlpack
+
+import llep
+from llep import _output_pool
+from llep.utils import free_port
+
+T, H, E, K = 8, 512, 8, 3
+FP8 = getattr(torch, 'float8_e4m3fn', None) is not None
+
+
+# ------------------------------------------------------------------------------------------------- the pool alone
+
+def _make():
+    return (torch.empty(64), None, torch.empty(4, dtype=torch.int32))
+
+
+def test_pool_alone():
+    pool = _output_pool.OutputPool(per_key=2, max_sets=3)
+    if not _output_pool.AVAILABLE:
+        assert not (hasattr(torch._C, '_storage_Use_Count') and hasattr(torch.Tensor, '_use_count'))
+        return  # nothing to pool with: the Buffer cases check that calls allocate
+    assert pool.take('a') is None
+    outs = _make()
+    pool.adopt('a', outs)
+    a, none, b = outs
+    assert none is None and len(pool) == 1
+    assert pool.take('a') is None, 'held by a and b'
+    del a
+    assert pool.take('a') is None, 'b still held'
+    del b, outs
+    got = pool.take('a')
+    assert got is not None and got[1] is None
+    ptr = got[0].data_ptr()
+    holders = {'tensor': lambda t: t, 'view': lambda t: t[1:], 'reshape': lambda t: t.view(8, 8),
+               'storage': lambda t: t.untyped_storage(), 'dlpack': to_dlpack, 'list': lambda t: [t]}
+    for name, hold in holders.items():
+        x = got[0]
+        del got
+        held = hold(x)
+        del x
+        assert pool.take('a') is None, f'a {name} of the tensor is held'
+        del held
+        got = pool.take('a')
+        assert got is not None and got[0].data_ptr() == ptr, f'free again after the {name} went'
+    assert pool.take('b') is None, 'another key'
+    # capacity: per key and in all
+    pool.adopt('a', _make())
+    pool.adopt('a', _make())
+    assert len(pool) == 2
+    pool.adopt('b', _make())
+    pool.adopt('c', _make())
+    assert len(pool) == 3
+    pool.clear()
+    assert len(pool) == 0 and pool.take('a') is None
+
+
+# ------------------------------------------------------------------------------------------------- through a Buffer
+
+def _inputs(seed, dev):
+    g = torch.Generator().manual_seed(seed)
+    topk = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int64)
+    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
+    w = torch.rand((T, K), generator=g).to(torch.float32)
+    return x.to(dev), topk.to(dev), w.to(dev)
+
+
+def _flat(res):
+    """The dispatch's output tensors, in pool order."""
+    recv, count, handle = res[0], res[1], res[2]
+    recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
+    return [t for t in (recv_x, scales, count, handle[0], handle[1]) if t is not None]
+
+
+def _bits(t):
+    """The tensor's bits as integers: rows past a count are never written and may hold NaN patterns (NaN != NaN), and
+    torch.equal has no float8 kernel."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _sync(dev):
+    if dev.type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def _check_buffer(dev):
+    pooled = _output_pool.AVAILABLE
+    buf = llep.Buffer(dist.group.WORLD, num_rdma_bytes=llep.Buffer.get_low_latency_rdma_size_hint(T, H, 1, E),
+                      low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = dev.type
+    modes = [False] + ([True] if FP8 else [])
+    for use_fp8 in modes:
+        seed = 100 * use_fp8
+
+        def dispatch(hook=False):
+            nonlocal seed
+            seed += 1
+            x, topk, w = _inputs(seed, dev)
+            return buf.low_latency_dispatch(x, topk, T, E, use_fp8=use_fp8, return_recv_hook=hook), (x, topk, w)
+
+        res, _ = dispatch()
+        ptrs = [t.data_ptr() for t in _flat(res)]
+        del res
+        for name, hold in (('recv_x', lambda r: r[0][0] if use_fp8 else r[0]), ('recv_count', lambda r: r[1]),
+                           ('handle', lambda r: r[2]), ('a view of layout_range', lambda r: r[2][1][1:]),
+                           ('a DLPack capsule of src_info', lambda r: to_dlpack(r[2][0]))):
+            res, _ = dispatch()
+            assert [t.data_ptr() for t in _flat(res)] == ptrs or not pooled, f'{name}: not reused'
+            held = hold(res)
+            del res
+            res2, _ = dispatch()
+            assert [t.data_ptr() for t in _flat(res2)] != ptrs, f'{name} held: its set was handed out again'
+            del res2, held
+        # what a caller holds keeps its values across later calls (other inputs each call)
+        res, _ = dispatch()
+        _sync(dev)
+        keep = [t.clone() for t in _flat(res)]
+        for _ in range(3):
+            last, (x, topk, w) = dispatch()
+        y = torch.randn((E, T, H)).to(torch.bfloat16).to(dev)
+        buf.low_latency_combine(y, topk, w, last[2])  # the call order a pending hook below needs: ops alternate
+        del last
+        _sync(dev)
+        for a, b in zip(_flat(res), keep):
+            assert torch.equal(_bits(a), _bits(b)), 'a held output changed'
+        del res, keep
+        # a receive hook not run yet holds its set
+        hooked, _ = dispatch(hook=True)
+        hook, hooked_ptrs = hooked[4], [t.data_ptr() for t in _flat(hooked)]
+        del hooked
+        res, (x, topk, w) = dispatch()
+        assert not {t.data_ptr() for t in _flat(res)} & set(hooked_ptrs), 'the set of an unrun hook was reused'
+        hook()
+        del hook
+        # combine's out (an operation between the hook's receive and the next dispatch, as the call order needs):
+        # reused once dropped, never while held
+        out1 = buf.low_latency_combine(y, topk, w, res[2])[0]
+        _sync(dev)
+        p1, v1 = out1.data_ptr(), out1.clone()
+        out2 = buf.low_latency_combine(y, topk, w, res[2])[0]
+        _sync(dev)
+        assert out2.data_ptr() != p1 and torch.equal(_bits(out1), _bits(v1)), 'a held combine output was reused'
+        p2 = out2.data_ptr()
+        del out1, out2
+        out3 = buf.low_latency_combine(y, topk, w, res[2])[0]
+        assert out3.data_ptr() in (p1, p2) or not pooled, 'combine out: not reused'
+        del out3, res
+    if dev.type == 'cuda' and pooled:  # a capture neither takes a free set nor adopts its outputs
+        x, topk, w = _inputs(7, dev)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            warm = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False)  # on the capture's stream: adopted
+            free_ptrs = {t.data_ptr() for t in _flat(warm)}
+            del warm
+            torch.cuda.synchronize()
+            n = len(buf._dispatch_pool)
+            with torch.cuda.graph(g, stream=s):
+                captured = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False)
+        assert len(buf._dispatch_pool) == n, 'a capture adopted its outputs into the reuse pool'
+        assert not {t.data_ptr() for t in _flat(captured)} & free_ptrs, 'a capture took a set of the reuse pool'
+        g.replay()
+        torch.cuda.synchronize()
+        del captured, g
+    assert (buf._dispatch_pool is not None) == pooled
+    buf.destroy()
+    os.environ['LLEP_REUSE_OUTPUTS'] = '0'
+    off = llep.Buffer(dist.group.WORLD, low_latency_mode=True, explicitly_destroy=True)
+    assert off._dispatch_pool is None and off._combine_pool is None
+    del os.environ['LLEP_REUSE_OUTPUTS']
+    off.destroy()
+
+
+def _worker(rank, port, device):
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1)
+    try:
+        _check_buffer(torch.device(device))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(device):
+    mp.spawn(_worker, args=(free_port(), device), nprocs=1, join=True)
+
+
+def test_buffer_cpu():
+    _run('cpu')
+
+
+if __name__ == '__main__':
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--device', default='cpu', choices=('cpu', 'cuda'))
+    args = ap.parse_args()
+    test_pool_alone()
+    _run(args.device)
+    print(f'test_output_pool: PASS ({args.device}, pool {"on" if _output_pool.AVAILABLE else "off: torch lacks the counters"})')
+    sys.exit(0)
