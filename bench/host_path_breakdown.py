@@ -28,6 +28,12 @@ def _timed(fn, iters):
     return statistics.median(ts)
 
 
+def _no_torch_function_block():
+    from llep.buffer import _NoTorchFunction
+    with _NoTorchFunction():
+        pass
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--tokens', type=int, default=8)
@@ -48,26 +54,47 @@ def main():
     rt = buf.runtime
     res = {}
     fp8 = torch.float8_e4m3fn
-    res['5 x torch.empty (dispatch outputs)'] = _timed(lambda: (
-        torch.empty((E, T, H), dtype=fp8, device=dev), torch.empty_strided((E, T, 56), (56 * T, 1, T),
-                                                                            dtype=torch.float32, device=dev),
-        torch.empty((E,), dtype=torch.int32, device=dev), torch.empty((E, T), dtype=torch.int32, device=dev),
-        torch.empty((E, 1), dtype=torch.int64, device=dev)), args.iters)
-    res['1 x torch.empty (combine out)'] = _timed(lambda: torch.empty((T, H), dtype=torch.bfloat16, device=dev),
-                                                  args.iters)
+    E_loc, rows = E, T  # one rank: every expert local, R * T rows
+    res['5 x new_empty (dispatch outputs, reuse off)'] = _timed(lambda: (
+        x.new_empty((E_loc, rows, H), dtype=fp8), x.new_empty_strided((E_loc, rows, H // 128), (H // 128 * rows, 1, rows),
+                                                                      dtype=torch.float32),
+        x.new_empty((E_loc,), dtype=torch.int32), x.new_empty((E_loc, rows), dtype=torch.int32),
+        x.new_empty((E_loc, 1), dtype=torch.int64)), args.iters)
+    res['1 x new_empty (combine out, reuse off)'] = _timed(lambda: w.new_empty((T, H), dtype=torch.bfloat16),
+                                                          args.iters)
+    pool = buf._dispatch_pool
+    if pool is not None:
+        stream0 = buf._stream()
+        res['output pool take (dispatch, a free set)'] = _timed(lambda: pool.take(((True, False), stream0)),
+                                                                args.iters)
+    res['Buffer._stream()'] = _timed(buf._stream, args.iters)
+    res['7 x data_ptr()'] = _timed(lambda: [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])], args.iters)
+    from llep.buffer import _fast_ok, _NoTorchFunction
+
+    def checks():
+        with _NoTorchFunction():
+            return (_fast_ok(x, torch.bfloat16, 0) and _fast_ok(topk, torch.int64, 0) and topk.dim() == 2 and
+                    topk.size(0) == T)
+    res['dispatch tensor checks (x, topk) + no-torch-function'] = _timed(checks, args.iters)
+    for name, op in (('x.dtype', lambda: x.dtype), ('x.is_contiguous()', x.is_contiguous),
+                     ('x.get_device()', x.get_device), ('x.shape == (T, H)', lambda: x.shape == (T, H)),
+                     ('x.size(0)', lambda: x.size(0)), ('x.data_ptr()', x.data_ptr),
+                     ('_NoTorchFunction enter + exit', _no_torch_function_block)):
+        res['  one op: ' + name] = _timed(op, args.iters)
     ptrs = [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])]
-    stream = torch.cuda.current_stream().cuda_stream
+    stream = buf._stream()
     res['native dispatch (addresses ready)'] = _timed(lambda: rt.dispatch(
-        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, 0, False, stream),
-        args.iters)
-    res['native dispatch, hook send only'] = _timed(lambda: rt.receive(rt.dispatch(
-        ptrs[0], ptrs[1], T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, 0, True, stream),
+        ptrs[0], ptrs[1], None, T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, 0, 0, False,
         stream), args.iters)
+    res['native dispatch send + receive (hook)'] = _timed(lambda: rt.receive(rt.dispatch(
+        ptrs[0], ptrs[1], None, T, K, True, False, False, ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], 0, 0, 0, 0, True,
+        stream), stream), args.iters)
     res['native combine (addresses ready)'] = _timed(lambda: rt.combine(
-        y.data_ptr(), False, topk.data_ptr(), w.data_ptr(), T, K, hd[1].data_ptr(), out.data_ptr(), 0, False, stream),
-        args.iters)
+        y.data_ptr(), False, topk.data_ptr(), w.data_ptr(), T, K, hd[1].data_ptr(), out.data_ptr(), 0, 0, False,
+        False, stream), args.iters)
     res['llep low_latency_dispatch'] = _timed(lambda: buf.low_latency_dispatch(x, topk, T, E), args.iters)
     res['llep low_latency_combine'] = _timed(lambda: buf.low_latency_combine(y, topk, w, hd, out=out), args.iters)
+    res['llep low_latency_combine (no out=)'] = _timed(lambda: buf.low_latency_combine(y, topk, w, hd), args.iters)
     res['llep low_latency_dispatch bf16'] = _timed(lambda: buf.low_latency_dispatch(x, topk, T, E, use_fp8=False),
                                                    args.iters)
     try:

@@ -5,12 +5,13 @@ dispatch returns five. DeepEP makes them in C++ at ~1 µs each; llep's native mo
 serves any torch), so it cannot. Instead a Buffer keeps the sets it made and returns one again when its user has let
 go of every tensor in it: the call then costs a few counter reads instead of five allocations.
 
-When is a set free? Every way to keep a tensor's memory alive raises one of three counts, all read without
+When is a set free? Every way to keep a tensor's memory alive raises one of four counts, all read without
 allocating: the Python object's reference count (a variable, a list, a hook that holds the call's tensors), the C++
-TensorImpl's use count (C++ holding the same tensor: a DLPack capsule, an async collective's work, autograd) and the
-storage's use count (a view, a slice, a reshape, `untyped_storage()`). A set is free when all three equal what they
-were right after the set was made, when only this pool held it (measured then, not assumed: the baseline depends on
-the torch build). Reading a count is ~0.1 µs.
+TensorImpl's use count (C++ holding the same tensor: a DLPack capsule, an async collective's work, autograd), the
+storage's use count (a view, a slice, a reshape) and the reference count of the storage's Python object
+(`untyped_storage()`: torch 2.x keeps one Python object per storage, the pool's, so holding it moves no C++ count).
+A set is free when all four equal what they were right after the set was made, when only this pool held it (measured
+then, not assumed: the baseline depends on the torch build). Reading a count is ~0.1 µs.
 
 Same rules as torch's caching allocator, which also hands a block out again once its tensor is gone: the next call
 on the same stream reuses it, in stream order. Two differences, both documented (README "Options"):
@@ -47,6 +48,7 @@ class _Set:
         counts = [sys.getrefcount(t) for t in self._live]
         counts += [t._use_count() for t in self._live]
         counts += [_storage_use_count(c) for c in self._cdatas]
+        counts += [sys.getrefcount(s) for s in self._storages]
         return counts
 
     def free(self) -> bool:
