@@ -34,25 +34,32 @@ AVAILABLE = _storage_use_count is not None and hasattr(torch.Tensor, '_use_count
 class _Set:
     """One set of output tensors (None where a mode has no such output) and its counts when only the pool held it."""
 
-    __slots__ = ('tensors', '_live', '_cdatas', '_storages', '_baseline')
+    __slots__ = ('tensors', '_items', '_baseline')
 
     def __init__(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> None:
         self.tensors = tensors
-        self._live = tuple(t for t in tensors if t is not None)
-        self._storages = tuple(t.untyped_storage() for t in self._live)  # keeps each _cdata valid
-        self._cdatas = tuple(s._cdata for s in self._storages)
-        self._baseline: List[int] = []
-        self._baseline = self._counts()
+        # (tensor, its storage's Python object, which also keeps the storage's address valid for the count, address)
+        self._items = tuple((t, st, st._cdata) for t, st in ((t, t.untyped_storage()) for t in tensors if t is not None))
+        self._baseline: Tuple[Tuple[int, int, int, int], ...] = ()
+        self._baseline = self._scan(None)
 
-    def _counts(self) -> List[int]:
-        counts = [sys.getrefcount(t) for t in self._live]
-        counts += [t._use_count() for t in self._live]
-        counts += [_storage_use_count(c) for c in self._cdatas]
-        counts += [sys.getrefcount(s) for s in self._storages]
-        return counts
+    def _scan(self, baseline):
+        """The counts of every tensor (baseline None), or whether they equal baseline's, stopping at the first that
+        does not. One code path for both, so the references the scan itself makes are the same in the baseline."""
+        rc = sys.getrefcount
+        got = []
+        for t, st, cdata in self._items:
+            counts = (rc(t), rc(st), t._use_count(), _storage_use_count(cdata))
+            if baseline is None:
+                got.append(counts)
+            elif counts != baseline[len(got)]:
+                return False
+            else:
+                got.append(None)
+        return tuple(got) if baseline is None else True
 
     def free(self) -> bool:
-        return self._counts() == self._baseline
+        return self._scan(self._baseline)
 
 
 class OutputPool:
@@ -72,8 +79,10 @@ class OutputPool:
         sets = self._sets.get(key)
         if sets:
             with self._lock:
-                for s in sets:
+                for i, s in enumerate(sets):
                     if s.free():
+                        if i + 1 < len(sets):  # the next call tries the others first: a caller holding the last
+                            sets.append(sets.pop(i))  # outputs (a handle until its combine) finds a free set at once
                         return list(s.tensors)
         return None
 

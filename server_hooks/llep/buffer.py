@@ -171,8 +171,14 @@ class _HandleTokens(int):
     DispatchCall::plan_key; kernels/cuda/ll_kernels.h CarriedPlanArea). It rides in the handle's int so that copies of
     the handle (tensors cloned, the tuple rebuilt) keep it; a handle without it combines the same, counting the rows'
     positions instead. `expert_reduced`: the dispatch carried combine_weights, so its combine reduces on the experts'
-    ranks (a class default, set on the instance only then: one attribute store fewer per dispatch without them)."""
+    ranks (a class default, set on the instance only then: one attribute store fewer per dispatch without them).
+    `handle_id` / `specs`: id() of the handle tuple the dispatch returned and the layout it was made for. A combine
+    given that very tuple (alive, so its id is its own) of the current layout skips re-checking src_info and
+    layout_range: the dispatch made them (immutable tuple), so they have the layout's dtypes, shapes and device; a
+    handle rebuilt or copied is checked in full."""
     expert_reduced = False
+    handle_id = 0
+    specs = None
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
@@ -617,6 +623,7 @@ class Buffer:
             if combine_weights is not None:
                 tokens.expert_reduced = True
             handle = (src_info, layout_range, tokens, hidden, int(num_experts))
+            tokens.handle_id, tokens.specs = id(handle), self._combine_specs
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
     def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> _DispatchOutputs:
@@ -678,8 +685,9 @@ class Buffer:
             if not (_fast_ok(topk_idx, topk_idx_t, dev_index) and topk_idx.dim() == 2 and
                     _fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_idx.shape and
                     (zero_copy or (_fast_ok(x, torch.bfloat16, dev_index) and x.shape == spec[0])) and
-                    _fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
-                    _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2] and
+                    ((getattr(T, 'handle_id', 0) == id(handle) and getattr(T, 'specs', None) is spec) or
+                     (_fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
+                      _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
                     (out is None or (_fast_ok(out, torch.bfloat16, dev_index) and out.dim() == 2 and
                                      out.size(0) == topk_idx.size(0) and out.size(1) == hidden)) and
                     _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):

@@ -89,6 +89,12 @@ def _flat(res):
     return [t for t in (recv_x, scales, count, handle[0], handle[1]) if t is not None]
 
 
+def _pooled_ptrs(buf):
+    """The data addresses of each set the buffer's dispatch pool keeps."""
+    return {tuple(t.data_ptr() for t in s.tensors if t is not None)
+            for sets in buf._dispatch_pool._sets.values() for s in sets}
+
+
 def _bits(t):
     """The tensor's bits as integers: rows past a count are never written and may hold NaN patterns (NaN != NaN), and
     torch.equal has no float8 kernel."""
@@ -115,19 +121,24 @@ def _check_buffer(dev):
             x, topk, w = _inputs(seed, dev)
             return buf.low_latency_dispatch(x, topk, T, E, use_fp8=use_fp8, return_recv_hook=hook), (x, topk, w)
 
-        res, _ = dispatch()
-        ptrs = [t.data_ptr() for t in _flat(res)]
-        del res
-        for name, hold in (('recv_x', lambda r: r[0][0] if use_fp8 else r[0]), ('recv_count', lambda r: r[1]),
-                           ('handle', lambda r: r[2]), ('a view of layout_range', lambda r: r[2][1][1:]),
-                           ('a DLPack capsule of src_info', lambda r: to_dlpack(r[2][0]))):
+        dispatch()
+        # (what is held, how, the tensors whose memory that keeps: with the pool the whole set stays out of use)
+        for name, hold, kept in (('recv_x', lambda r: r[0][0] if use_fp8 else r[0], lambda r: [_flat(r)[0]]),
+                                 ('recv_count', lambda r: r[1], lambda r: [r[1]]),
+                                 ('handle', lambda r: r[2], lambda r: list(r[2][:2])),
+                                 ('a view of layout_range', lambda r: r[2][1][1:], lambda r: [r[2][1]]),
+                                 ('a DLPack capsule of src_info', lambda r: to_dlpack(r[2][0]), lambda r: [r[2][0]])):
             res, _ = dispatch()
-            assert [t.data_ptr() for t in _flat(res)] == ptrs or not pooled, f'{name}: not reused'
+            ptrs = [t.data_ptr() for t in (_flat(res) if pooled else kept(res))]
+            assert not pooled or tuple(ptrs) in _pooled_ptrs(buf), f'{name}: every set free, yet none reused'
             held = hold(res)
             del res
-            res2, _ = dispatch()
-            assert [t.data_ptr() for t in _flat(res2)] != ptrs, f'{name} held: its set was handed out again'
-            del res2, held
+            # Later calls whose outputs are all kept: every other set is held too, so the pool's only choices are the
+            # held set (wrong) and fresh memory.
+            later = [dispatch()[0] for _ in range(3)]
+            for r in later:
+                assert not {t.data_ptr() for t in _flat(r)} & set(ptrs), f'{name} held: its set was handed out again'
+            del later, held
         # what a caller holds keeps its values across later calls (other inputs each call)
         res, _ = dispatch()
         _sync(dev)
