@@ -19,6 +19,9 @@ on the same stream reuses it, in stream order. Two differences, both documented 
     being captured into a CUDA graph (those outputs come from the graph's private pool, as before);
   - `Tensor.record_stream(other)` is not seen: code that reads the outputs on another stream must keep a reference
     until that stream is done (or turn reuse off with LLEP_REUSE_OUTPUTS=0).
+A tensor's layout changed in place and then dropped (unsqueeze_, transpose_, as_strided_, set_: each moves the
+tensor's version) retires its set. Two in-place changes move no version and are not seen: `resize_` and
+`requires_grad_` on an output that is then dropped come back with the next call.
 Without the counters (torch builds before they existed) the pool is off and every call allocates, as before.
 """
 import sys
@@ -31,32 +34,47 @@ _storage_use_count: Optional[Callable[[int], int]] = getattr(torch._C, '_storage
 AVAILABLE = _storage_use_count is not None and hasattr(torch.Tensor, '_use_count')
 
 
-class _Set:
-    """One set of output tensors (None where a mode has no such output) and its counts when only the pool held it."""
+def _layout(t: torch.Tensor) -> Tuple:
+    return t.dtype, t.shape, t.stride(), t.storage_offset(), t.requires_grad
 
-    __slots__ = ('tensors', '_items', '_baseline')
+
+class _Set:
+    """One set of output tensors (None where a mode has no such output) and its counts when only the pool held it.
+    `dead`: a tensor's layout was changed in place (unsqueeze_, transpose_, set_, ...): the set is not handed out again."""
+
+    __slots__ = ('tensors', '_items', '_layouts', '_baseline', 'dead')
 
     def __init__(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> None:
         self.tensors = tensors
         # (tensor, its storage's Python object, which also keeps the storage's address valid for the count, address)
         self._items = tuple((t, st, st._cdata) for t, st in ((t, t.untyped_storage()) for t in tensors if t is not None))
-        self._baseline: Tuple[Tuple[int, int, int, int], ...] = ()
+        self._layouts = tuple(_layout(t) for t, _, _ in self._items)
+        self.dead = False
+        self._baseline: List[Tuple[int, ...]] = []
         self._baseline = self._scan(None)
 
     def _scan(self, baseline):
         """The counts of every tensor (baseline None), or whether they equal baseline's, stopping at the first that
-        does not. One code path for both, so the references the scan itself makes are the same in the baseline."""
+        does not. One code path for both, so the references the scan itself makes are the same in the baseline.
+        The last count is the tensor's version, which every in-place torch op moves: the layout is checked again then
+        (a write such as mul_ leaves it, and the version becomes the baseline's; unsqueeze_ does not: the set dies)."""
         rc = sys.getrefcount
         got = []
         for t, st, cdata in self._items:
-            counts = (rc(t), rc(st), t._use_count(), _storage_use_count(cdata))
+            counts = (rc(t), rc(st), t._use_count(), _storage_use_count(cdata), t._version)
             if baseline is None:
                 got.append(counts)
-            elif counts != baseline[len(got)]:
-                return False
-            else:
-                got.append(None)
-        return tuple(got) if baseline is None else True
+                continue
+            i = len(got)
+            if counts != baseline[i]:
+                if counts[:4] != baseline[i][:4]:
+                    return False  # held
+                if _layout(t) != self._layouts[i]:
+                    self.dead = True
+                    return False
+                baseline[i] = counts
+            got.append(None)
+        return got if baseline is None else True
 
     def free(self) -> bool:
         return self._scan(self._baseline)
@@ -84,6 +102,10 @@ class OutputPool:
                         if i + 1 < len(sets):  # the next call tries the others first: a caller holding the last
                             sets.append(sets.pop(i))  # outputs (a handle until its combine) finds a free set at once
                         return list(s.tensors)
+                    if s.dead:  # its room goes to a fresh set (the caller's adopt)
+                        del sets[i]
+                        self._count -= 1
+                        break
         return None
 
     def adopt(self, key: Hashable, tensors: Tuple[Optional[torch.Tensor], ...]) -> None:

@@ -5,7 +5,8 @@ nothing refers to any tensor in it, and what a caller still holds is never writt
 With a torch that has the counters (torch 2.x: torch._C._storage_Use_Count, Tensor._use_count) every way of holding
 an output is tried: the tensor itself, a view, a DLPack capsule (C++ holding the TensorImpl), a receive hook that was
 not run; each must make the next call use other memory and leave the held values as they were, and once everything
-is dropped the next call must reuse the memory. Without the counters (Debian's torch 1.13, CI) the pool must be off;
+is dropped the next call must reuse the memory; a tensor written in place and dropped is reused, one whose layout was
+changed in place (unsqueeze_) never. Without the counters (Debian's torch 1.13, CI) the pool must be off;
 the held-values checks hold for any allocator and run there too. The Buffer cases run on one rank: CPU backend under pytest, `--device cuda` on a GPU
 (there also a CUDA-graph capture, whose outputs must come from the graph's pool, not from the reuse pool).
 Usage: test_output_pool.py [--device cpu|cuda]   (exit 0 = pass)"""
@@ -60,8 +61,25 @@ def test_pool_alone():
         del held
         got = pool.take('a')
         assert got is not None and got[0].data_ptr() == ptr, f'free again after the {name} went'
+    # written in place and dropped: free again (the version moved, the layout did not)
+    x = got[0]
+    del got
+    x.mul_(2)
+    del x
+    got = pool.take('a')
+    assert got is not None and got[0].data_ptr() == ptr, 'a tensor written in place and dropped was not reused'
+    # its layout changed in place and dropped: never handed out again, its room freed
+    x = got[0]
+    del got
+    x.unsqueeze_(0)
+    del x
+    assert pool.take('a') is None and len(pool) == 0, 'a tensor reshaped in place came back'
+    pool.adopt('a', _make())
+    assert len(pool) == 1
+    pool.clear()
     assert pool.take('b') is None, 'another key'
     # capacity: per key and in all
+    pool.adopt('a', _make())
     pool.adopt('a', _make())
     pool.adopt('a', _make())
     assert len(pool) == 2
