@@ -172,13 +172,18 @@ class _HandleTokens(int):
     the handle (tensors cloned, the tuple rebuilt) keep it; a handle without it combines the same, counting the rows'
     positions instead. `expert_reduced`: the dispatch carried combine_weights, so its combine reduces on the experts'
     ranks (a class default, set on the instance only then: one attribute store fewer per dispatch without them).
-    `handle_id` / `specs`: id() of the handle tuple the dispatch returned and the layout it was made for. A combine
-    given that very tuple (alive, so its id is its own) of the current layout skips re-checking src_info and
-    layout_range: the dispatch made them (immutable tuple), so they have the layout's dtypes, shapes and device; a
-    handle rebuilt or copied is checked in full."""
+    `made`: (src_info, layout_range, layout specs) as the dispatch made them. A combine whose handle holds those very
+    tensor objects, of the current layout, skips re-checking their dtypes, shapes and device (the dispatch made them
+    so); a handle with other tensors (cloned, replaced) is checked in full."""
     expert_reduced = False
-    handle_id = 0
-    specs = None
+    made: Optional[Tuple] = None
+
+
+def _made_here(tokens: Any, src_info: Any, layout_range: Any, spec: Tuple) -> bool:
+    """Whether a handle's src_info and layout_range are the tensors its dispatch made for this layout
+    (_HandleTokens.made)."""
+    made = getattr(tokens, 'made', None)
+    return made is not None and made[0] is src_info and made[1] is layout_range and made[2] is spec
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
@@ -623,7 +628,7 @@ class Buffer:
             if combine_weights is not None:
                 tokens.expert_reduced = True
             handle = (src_info, layout_range, tokens, hidden, int(num_experts))
-            tokens.handle_id, tokens.specs = id(handle), self._combine_specs
+            tokens.made = (src_info, layout_range, self._combine_specs)
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
     def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> _DispatchOutputs:
@@ -685,7 +690,7 @@ class Buffer:
             if not (_fast_ok(topk_idx, topk_idx_t, dev_index) and topk_idx.dim() == 2 and
                     _fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_idx.shape and
                     (zero_copy or (_fast_ok(x, torch.bfloat16, dev_index) and x.shape == spec[0])) and
-                    ((getattr(T, 'handle_id', 0) == id(handle) and getattr(T, 'specs', None) is spec) or
+                    (_made_here(T, src_info, layout_range, spec) or
                      (_fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
                       _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
                     (out is None or (_fast_ok(out, torch.bfloat16, dev_index) and out.dim() == 2 and
