@@ -29,7 +29,7 @@ def _timed(fn, iters):
 
 
 def _no_torch_function_block():
-    from llep.buffer import _NoTorchFunction
+    from llep._call_checks import _NoTorchFunction
     with _NoTorchFunction():
         pass
 
@@ -69,7 +69,7 @@ def main():
                                                                 args.iters)
     res['Buffer._stream()'] = _timed(buf._stream, args.iters)
     res['7 x data_ptr()'] = _timed(lambda: [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])], args.iters)
-    from llep.buffer import _fast_ok, _NoTorchFunction
+    from llep._call_checks import _fast_ok, _NoTorchFunction
 
     def checks():
         with _NoTorchFunction():
