@@ -28,12 +28,6 @@ def _timed(fn, iters):
     return statistics.median(ts)
 
 
-def _no_torch_function_block():
-    from llep._call_checks import _NoTorchFunction
-    with _NoTorchFunction():
-        pass
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--tokens', type=int, default=8)
@@ -71,6 +65,10 @@ def main():
     res['7 x data_ptr()'] = _timed(lambda: [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])], args.iters)
     from llep._call_checks import _fast_ok, _NoTorchFunction
 
+    def no_torch_function_block():
+        with _NoTorchFunction():
+            pass
+
     def checks():
         with _NoTorchFunction():
             return (_fast_ok(x, torch.bfloat16, 0) and _fast_ok(topk, torch.int64, 0) and topk.dim() == 2 and
@@ -79,7 +77,7 @@ def main():
     for name, op in (('x.dtype', lambda: x.dtype), ('x.is_contiguous()', x.is_contiguous),
                      ('x.get_device()', x.get_device), ('x.shape == (T, H)', lambda: x.shape == (T, H)),
                      ('x.size(0)', lambda: x.size(0)), ('x.data_ptr()', x.data_ptr),
-                     ('_NoTorchFunction enter + exit', _no_torch_function_block)):
+                     ('_NoTorchFunction enter + exit', no_torch_function_block)):
         res['  one op: ' + name] = _timed(op, args.iters)
     ptrs = [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])]
     stream = buf._stream()
