@@ -50,8 +50,7 @@ class _Set:
         self._items = tuple((t, st, st._cdata) for t, st in ((t, t.untyped_storage()) for t in tensors if t is not None))
         self._layouts = tuple(_layout(t) for t, _, _ in self._items)
         self.dead = False
-        self._baseline: List[Tuple[int, ...]] = []
-        self._baseline = self._scan(None)
+        self._baseline: List[Tuple[int, ...]] = self._scan(None)
 
     def _scan(self, baseline):
         """The counts of every tensor (baseline None), or whether they equal baseline's, stopping at the first that
