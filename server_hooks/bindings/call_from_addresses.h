@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 
 #include "runtime/protocol/ll_call.h"
@@ -63,29 +64,191 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
   return c;
 }
 
+/// The positional arguments of a native call, read straight from Python's vector of arguments (METH_FASTCALL).
+/// pybind11's generic path (overload dispatch, an argument vector on the heap, a caster per argument) cost a
+/// dispatch's 19 arguments ~0.25 µs more on the development machine (bench/RESULTS.md session 32), on every decode
+/// step. Each reader takes the next argument; on a wrong type it sets a TypeError that names the argument and returns
+/// false.
+class FastArgs {
+ public:
+  FastArgs(const char* method, const char* const* names, PyObject* const* args, Py_ssize_t n)
+      : method_(method), names_(names), args_(args), n_(n) {}
+
+  /// Whether there are exactly `want` arguments (else the TypeError).
+  bool Count(Py_ssize_t want) {
+    if (n_ == want) return true;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments (%zd given)", method_, want, n_);
+    return false;
+  }
+  bool Address(uintptr_t* out) {
+    PyObject* o = Next();
+    const unsigned long long v = PyLong_Check(o) ? PyLong_AsUnsignedLongLong(o) : 0;
+    if (!PyLong_Check(o) || (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()))
+      return Fail("an address (int >= 0)");
+    *out = static_cast<uintptr_t>(v);
+    return true;
+  }
+  bool OptionalAddress(std::optional<uintptr_t>* out) {
+    if (args_[i_] == Py_None) {
+      ++i_;
+      out->reset();
+      return true;
+    }
+    uintptr_t v = 0;
+    if (!Address(&v)) return false;
+    *out = v;
+    return true;
+  }
+  bool Int(int* out) {
+    PyObject* o = Next();
+    long v = 0;
+    int overflow = 0;
+    if (PyLong_Check(o)) {
+      v = PyLong_AsLongAndOverflow(o, &overflow);
+    } else {  // an integer type of another library (numpy.int64): its __index__, as Python's range() takes it
+      PyObject* i = PyNumber_Index(o);
+      if (i == nullptr) return Fail("an int");
+      v = PyLong_AsLongAndOverflow(i, &overflow);
+      Py_DECREF(i);
+    }
+    if (overflow != 0 || v < INT32_MIN || v > INT32_MAX || (v == -1 && PyErr_Occurred())) {
+      return Fail("an int in the int32 range");
+    }
+    *out = static_cast<int>(v);
+    return true;
+  }
+  bool U64(uint64_t* out) {
+    uintptr_t v = 0;
+    if (!Address(&v)) return false;
+    *out = v;
+    return true;
+  }
+  bool Bool(bool* out) {
+    PyObject* o = Next();
+    if (o == Py_True || o == Py_False) {
+      *out = o == Py_True;
+      return true;
+    }
+    const int t = PyObject_IsTrue(o);  // numpy.bool_, 0 / 1: truth as the Python layer's `if` reads it
+    if (t < 0) return Fail("a bool");
+    *out = t != 0;
+    return true;
+  }
+
+ private:
+  PyObject* Next() { return args_[i_++]; }
+  bool Fail(const char* what) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s() argument %zd (%s) must be %s, got %s", method_, i_, names_[i_ - 1], what,
+                 Py_TYPE(args_[i_ - 1])->tp_name);
+    return false;
+  }
+
+  const char* method_;
+  const char* const* names_;
+  PyObject* const* args_;
+  Py_ssize_t n_;
+  Py_ssize_t i_ = 0;
+};
+
+/// Runs a fast method's body, turning a C++ exception into the Python one (the status errors of ThrowIfError arrive
+/// as error_already_set); nullptr = raised.
+template <typename Body>
+PyObject* Guarded(Body&& body) {
+  try {
+    return body();
+  } catch (pybind11::error_already_set& e) {
+    e.restore();
+  } catch (const pybind11::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+inline constexpr const char* kDispatchArgNames[] = {
+    "x",          "topk_idx", "combine_weights", "num_tokens", "num_topk", "use_fp8",      "round_scale",
+    "use_ue8m0",  "recv_x",   "recv_scales",     "recv_count", "src_info", "layout_range", "cumulative_stats",
+    "wait_stats", "layer",    "plan_key",        "split",      "stream"};
+inline constexpr const char* kCombineArgNames[] = {
+    "x",   "zero_copy",  "topk_idx", "topk_weights",   "num_tokens", "num_topk", "layout_range",
+    "out", "wait_stats", "plan_key", "expert_reduced", "split",      "stream"};
+
+/// dispatch(x, topk_idx, combine_weights (address or None), num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
+/// recv_x, recv_scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats, layer, plan_key, split,
+/// stream): addresses are ints (0 = none), the stream a raw handle.
+template <typename Holder>
+PyObject* FastDispatch(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  return Guarded([&]() -> PyObject* {
+    FastArgs a("dispatch", kDispatchArgNames, args, n);
+    uintptr_t x, topk, recv_x, recv_scales, recv_count, src_info, layout_range, cumulative, wait, stream;
+    std::optional<uintptr_t> weights;
+    int num_tokens, num_topk, layer;
+    bool use_fp8, round_scale, use_ue8m0, split;
+    uint64_t plan_key;
+    if (!(a.Count(19) && a.Address(&x) && a.Address(&topk) && a.OptionalAddress(&weights) && a.Int(&num_tokens) &&
+          a.Int(&num_topk) && a.Bool(&use_fp8) && a.Bool(&round_scale) && a.Bool(&use_ue8m0) && a.Address(&recv_x) &&
+          a.Address(&recv_scales) && a.Address(&recv_count) && a.Address(&src_info) && a.Address(&layout_range) &&
+          a.Address(&cumulative) && a.Address(&wait) && a.Int(&layer) && a.U64(&plan_key) && a.Bool(&split) &&
+          a.Address(&stream))) {
+      return nullptr;
+    }
+    Holder& h = pybind11::cast<Holder&>(pybind11::handle(self));
+    return h
+        .Dispatch(DispatchCallFromAddresses(x, topk, weights, num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
+                                            recv_x, recv_scales, recv_count, src_info, layout_range, cumulative, wait,
+                                            layer, plan_key),
+                  split, stream)
+        .release()
+        .ptr();
+  });
+}
+
+/// combine(x, zero_copy, topk_idx, topk_weights, num_tokens, num_topk, layout_range, out, wait_stats, plan_key,
+/// expert_reduced, split, stream).
+template <typename Holder>
+PyObject* FastCombine(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  return Guarded([&]() -> PyObject* {
+    FastArgs a("combine", kCombineArgNames, args, n);
+    uintptr_t x, topk, weights, layout_range, out, wait, stream;
+    int num_tokens, num_topk;
+    bool zero_copy, expert_reduced, split;
+    uint64_t plan_key;
+    if (!(a.Count(13) && a.Address(&x) && a.Bool(&zero_copy) && a.Address(&topk) && a.Address(&weights) &&
+          a.Int(&num_tokens) && a.Int(&num_topk) && a.Address(&layout_range) && a.Address(&out) && a.Address(&wait) &&
+          a.U64(&plan_key) && a.Bool(&expert_reduced) && a.Bool(&split) && a.Address(&stream))) {
+      return nullptr;
+    }
+    Holder& h = pybind11::cast<Holder&>(pybind11::handle(self));
+    return h
+        .Combine(CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out, wait,
+                                          plan_key, expert_reduced),
+                 split, stream)
+        .release()
+        .ptr();
+  });
+}
+
 /// Defines `dispatch` and `combine` on a buffer binding whose Holder has
 ///   pybind11::object Dispatch(const DispatchCall&, bool split, uintptr_t stream)
 ///   pybind11::object Combine(const CombineCall&, bool split, uintptr_t stream)
-/// (the pending operation when split, the hook's; else None). The positional order is llep/buffer.py's.
+/// (the pending operation when split, the hook's; else None), as METH_FASTCALL method descriptors (FastArgs: the
+/// per-decode-step crossing), and the buffer's other calls through pybind11. The positional order is llep/buffer.py's.
 template <typename Holder, typename Class>
 void DefCallMethods(Class& cls) {
-  cls.def("dispatch",
-          [](Holder& h, uintptr_t x, uintptr_t topk, std::optional<uintptr_t> weights, int num_tokens, int num_topk,
-             bool use_fp8, bool round_scale, bool use_ue8m0, uintptr_t recv_x, uintptr_t recv_scales,
-             uintptr_t recv_count, uintptr_t src_info, uintptr_t layout_range, uintptr_t cumulative_stats,
-             uintptr_t wait_stats, int layer, uint64_t plan_key, bool split, uintptr_t stream) {
-            return h.Dispatch(DispatchCallFromAddresses(x, topk, weights, num_tokens, num_topk, use_fp8, round_scale,
-                                                        use_ue8m0, recv_x, recv_scales, recv_count, src_info,
-                                                        layout_range, cumulative_stats, wait_stats, layer, plan_key),
-                              split, stream);
-          });
-  cls.def("combine", [](Holder& h, uintptr_t x, bool zero_copy, uintptr_t topk, uintptr_t weights, int num_tokens,
-                        int num_topk, uintptr_t layout_range, uintptr_t out, uintptr_t wait_stats, uint64_t plan_key,
-                        bool expert_reduced, bool split, uintptr_t stream) {
-    return h.Combine(CombineCallFromAddresses(x, zero_copy, topk, weights, num_tokens, num_topk, layout_range, out,
-                                              wait_stats, plan_key, expert_reduced),
-                     split, stream);
-  });
+  static PyMethodDef dispatch_def = {"dispatch",
+                                     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastDispatch<Holder>)),
+                                     METH_FASTCALL, "Queues a dispatch (positional, see FastDispatch)."};
+  static PyMethodDef combine_def = {"combine",
+                                    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastCombine<Holder>)),
+                                    METH_FASTCALL, "Queues a combine (positional, see FastCombine)."};
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  for (PyMethodDef* def : {&dispatch_def, &combine_def}) {
+    PyObject* descr = PyDescr_NewMethod(type, def);
+    if (descr == nullptr) throw pybind11::error_already_set();
+    cls.attr(def->ml_name) = pybind11::reinterpret_steal<pybind11::object>(descr);
+  }
   // Rank masking and recovery (DeepEP's enable_shrink API and clean_low_latency_buffer); `mask_out` is the address
   // of an int32 [num_ranks] tensor on the backend's device.
   cls.def("clean", [](Holder& h, uintptr_t stream) { h.Clean(stream); });
