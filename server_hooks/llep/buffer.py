@@ -83,18 +83,12 @@ class _HandleTokens(int):
     the handle (tensors cloned, the tuple rebuilt) keep it; a handle without it combines the same, counting the rows'
     positions instead. `expert_reduced`: the dispatch carried combine_weights, so its combine reduces on the experts'
     ranks (a class default, set on the instance only then: one attribute store fewer per dispatch without them).
-    `made`: (src_info, layout_range, layout specs) as the dispatch made them. A combine whose handle holds those very
-    tensor objects, of the current layout, skips re-checking their dtypes, shapes and device (the dispatch made them
-    so); a handle with other tensors (cloned, replaced) is checked in full."""
+    `made`: (src_info, layout_range, layout specs, topk_idx, topk_idx's version) as the dispatch made or checked them.
+    A combine whose handle holds those very src_info / layout_range objects, of the current layout, skips re-checking
+    their dtypes, shapes and device (the dispatch made them so), and its topk_idx too when it is the dispatch's object
+    with no in-place change since (the version); a handle with other tensors (cloned, replaced) is checked in full."""
     expert_reduced = False
     made: Optional[Tuple] = None
-
-
-def _made_here(tokens: Any, src_info: Any, layout_range: Any, spec: Tuple) -> bool:
-    """Whether a handle's src_info and layout_range are the tensors its dispatch made for this layout
-    (_HandleTokens.made)."""
-    made = getattr(tokens, 'made', None)
-    return made is not None and made[0] is src_info and made[1] is layout_range and made[2] is spec
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
@@ -484,18 +478,19 @@ class Buffer:
         if async_finish and return_recv_hook:
             raise _invalid('async_finish and return_recv_hook are mutually exclusive')
         with _NoTorchFunction():
-            if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            x_shape = x.shape if isinstance(x, torch.Tensor) else ()
+            if len(x_shape) != 2:
                 raise _invalid('x must be a 2-D torch.Tensor [num_tokens, hidden]')
-            num_tokens, hidden = x.shape
+            num_tokens, hidden = x_shape
             runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
             dev_index = self._dev_index
             out = self._dispatch_outputs(use_fp8, use_ue8m0)
             if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
-                    topk_idx.dim() == 2 and topk_idx.size(0) == num_tokens and
+                    len(topk_shape := topk_idx.shape) == 2 and topk_shape[0] == num_tokens and
                     _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index) and
                     _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index) and
                     (combine_weights is None or (_fast_ok(combine_weights, torch.float32, dev_index) and
-                                                 combine_weights.shape == topk_idx.shape))):
+                                                 combine_weights.shape == topk_shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
             stream = self._stream()
@@ -517,7 +512,7 @@ class Buffer:
             op = runtime.dispatch(
                 # combine_weights: None or an address (0 for an empty batch, which still carries them).
                 x.data_ptr(), topk_idx.data_ptr(), None if combine_weights is None else combine_weights.data_ptr(),
-                num_tokens, topk_idx.size(1), use_fp8, round_scale, use_ue8m0,
+                num_tokens, topk_shape[1], use_fp8, round_scale, use_ue8m0,
                 recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
                 layout_range.data_ptr(),
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
@@ -539,7 +534,7 @@ class Buffer:
             if combine_weights is not None:
                 tokens.expert_reduced = True
             handle = (src_info, layout_range, tokens, hidden, int(num_experts))
-            tokens.made = (src_info, layout_range, self._combine_specs)
+            tokens.made = (src_info, layout_range, self._combine_specs, topk_idx, topk_idx._version)
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
 
     def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> _DispatchOutputs:
@@ -598,14 +593,22 @@ class Buffer:
                 raise _llep.LlepFailedPreconditionError(
                     'low_latency_combine before any low_latency_dispatch of this layout: pass the handle a dispatch '
                     'returned')
-            if not (_fast_ok(topk_idx, topk_idx_t, dev_index) and topk_idx.dim() == 2 and
-                    _fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_idx.shape and
+            made = getattr(T, 'made', None)
+            # The dispatch's own src_info / layout_range, and its topk_idx unchanged since (no in-place op moved its
+            # version), were checked there: only their identities are compared (_HandleTokens.made).
+            from_dispatch = made is not None and made[0] is src_info and made[1] is layout_range and made[2] is spec
+            if not ((from_dispatch and made[3] is topk_idx and topk_idx._version == made[4]) or
+                    _fast_ok(topk_idx, topk_idx_t, dev_index)) or len(topk_shape := topk_idx.shape) != 2:
+                self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
+                                      combine_wait_recv_cost_stats)
+            num_tokens = topk_shape[0]
+            if not (_fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_shape and
                     (zero_copy or (_fast_ok(x, torch.bfloat16, dev_index) and x.shape == spec[0])) and
-                    (_made_here(T, src_info, layout_range, spec) or
+                    (from_dispatch or
                      (_fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
                       _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
-                    (out is None or (_fast_ok(out, torch.bfloat16, dev_index) and out.dim() == 2 and
-                                     out.size(0) == topk_idx.size(0) and out.size(1) == hidden)) and
+                    (out is None or
+                     (_fast_ok(out, torch.bfloat16, dev_index) and out.shape == (num_tokens, hidden))) and
                     _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
@@ -613,7 +616,6 @@ class Buffer:
                 raise _llep.LlepFailedPreconditionError(
                     'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
                     'hook before combining')
-            num_tokens = topk_idx.size(0)
             stream = self._stream()
             if out is None:
                 key = self._pool_key(self._combine_pool, num_tokens, stream)
@@ -624,7 +626,7 @@ class Buffer:
                         self._combine_pool.adopt(key, outs)
                 out = outs[0]
             op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
-                                 topk_weights.data_ptr(), num_tokens, topk_idx.size(1), layout_range.data_ptr(),
+                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range.data_ptr(),
                                  out.data_ptr(),
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
                                  getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
