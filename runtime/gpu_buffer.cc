@@ -139,9 +139,9 @@ absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
 absl::Status GpuBuffer::Launch(const GpuPendingOp& op, kernels::cuda::LlPhase phase, cudaStream_t stream) {
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // hooks may run on another thread (vLLM)
   if (op.op == LlOp::kDispatch) {
-    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {num_ctas_}, stream));
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {num_ctas_, &launch_handles_}, stream));
   } else {
-    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, phase, {num_ctas_}, stream));
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, phase, {num_ctas_, &launch_handles_}, stream));
   }
   return absl::OkStatus();
 }

@@ -184,6 +184,7 @@ class GpuBuffer {
   int rank_;
   int device_ = -1;
   int num_ctas_ = 0;
+  kernels::cuda::LlLaunchHandles launch_handles_;     // the driver's launch of the kernels, or none (the runtime's)
   uint8_t* region_ = nullptr;                         // own region (device memory)
   std::vector<uint8_t*> peer_bases_;                  // [R]; peer_bases_[rank_] == region_
   uint8_t** d_peers_ = nullptr;                       // device copy of peer_bases_

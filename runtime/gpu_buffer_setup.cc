@@ -107,6 +107,8 @@ absl::Status GpuBuffer::InitLocal() {
                                                    device_, " allows ", smem_optin));
   }
   LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::ConfigureLlKernels(smem));
+  // The driver's launch when it resolves (ll_kernels.h LlLaunchHandles); else every launch goes through the runtime.
+  if (kernels::cuda::ResolveLlLaunch(&launch_handles_) != cudaSuccess) (void)cudaGetLastError();
 
   void* p = nullptr;
   LLEP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, static_cast<size_t>(layout_.total_bytes)));

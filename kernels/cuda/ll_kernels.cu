@@ -46,6 +46,10 @@
 #include "kernels/cuda/ll_kernels.h"
 #include "kernels/cuda/ll_routing.cuh"
 
+#if !defined(LLEP_GPU_HIP)  // (set by runtime/protocol/gpu_port.h, included above)
+#include <cuda.h>  // the driver's launch (ResolveLlLaunch): its types; the entry point comes from the runtime
+#endif
+
 namespace llep::kernels::cuda {
 namespace {
 
@@ -138,6 +142,30 @@ cudaError_t LlKernelsStaticSharedBytes(int64_t* bytes) {
   return e;
 }
 
+#if defined(LLEP_GPU_HIP)
+cudaError_t ResolveLlLaunch(LlLaunchHandles* out) {
+  *out = LlLaunchHandles{};  // HIP: hipLaunchCooperativeKernel / hipLaunchKernel (LaunchLl)
+  return cudaSuccess;
+}
+#else
+using DriverLaunchFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+
+cudaError_t ResolveLlLaunch(LlLaunchHandles* out) {
+  *out = LlLaunchHandles{};
+  LlLaunchHandles h;
+  cudaDriverEntryPointQueryResult found{};
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &h.launch, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || h.launch == nullptr) return e;
+  cudaFunction_t f = nullptr;
+  if ((e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(dispatch))) != cudaSuccess) return e;
+  h.dispatch = f;
+  if ((e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(combine))) != cudaSuccess) return e;
+  h.combine = f;
+  *out = h;
+  return cudaSuccess;
+}
+#endif
+
 namespace {
 
 /// A launch with a send phase has CTAs that wait for other CTAs of the same launch (PublishWhenDone polls the
@@ -146,8 +174,8 @@ namespace {
 /// kernel on another stream (a GEMM, the other micro-batch's launch) can hold SMs while launched CTAs spin, and the
 /// operation stalls until the timeout. A receive-only launch waits only for peers, so it launches plainly.
 template <typename Params>
-cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase, const LaunchConfig& cfg,
-                     int64_t shared_bytes, cudaStream_t stream) {
+cudaError_t LaunchLl(void (*kernel)(Params, int), void* driver_fn, const Params& p, LlPhase phase,
+                     const LaunchConfig& cfg, int64_t shared_bytes, cudaStream_t stream) {
   if (p.ctx.grid.divisor != static_cast<uint32_t>(cfg.num_ctas)) return cudaErrorInvalidValue;  // another grid's ctx
 #if defined(LLEP_GPU_HIP)
   // HIP 5.2 has no launch-attribute API: the cooperative launch is its own call.
@@ -161,6 +189,27 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase
   return hipLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, args, static_cast<size_t>(shared_bytes),
                          stream);
 #else
+  const int cooperative = (phase & kPhaseSend) != 0 ? 1 : 0;
+  if (cfg.handles != nullptr && driver_fn != nullptr) {
+    CUlaunchConfig dc = {};
+    dc.gridDimX = static_cast<unsigned>(cfg.num_ctas);
+    dc.gridDimY = dc.gridDimZ = 1;
+    dc.blockDimX = kThreads;
+    dc.blockDimY = dc.blockDimZ = 1;
+    dc.sharedMemBytes = static_cast<unsigned>(shared_bytes);
+    dc.hStream = reinterpret_cast<CUstream>(stream);
+    CUlaunchAttribute dattr[1];
+    dattr[0].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    dattr[0].value.cooperative = cooperative;
+    dc.attrs = dattr;
+    dc.numAttrs = 1;
+    int phase_arg = static_cast<int>(phase);
+    void* args[] = {const_cast<Params*>(&p), &phase_arg};
+    const auto launch = reinterpret_cast<DriverLaunchFn>(cfg.handles->launch);
+    if (launch(&dc, static_cast<CUfunction>(driver_fn), args, nullptr) == CUDA_SUCCESS) return cudaSuccess;
+    // Nothing was queued: the runtime's launch below reports the error in the runtime's terms (or, if the driver's
+    // failure was its own, launches).
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cfg.num_ctas));
   config.blockDim = dim3(kThreads);
@@ -168,7 +217,7 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = (phase & kPhaseSend) != 0 ? 1 : 0;
+  attr[0].val.cooperative = cooperative;
   config.attrs = attr;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, p, static_cast<int>(phase));
@@ -178,7 +227,8 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), const Params& p, LlPhase phase
 }  // namespace
 
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
-  return LaunchLl(dispatch, p, phase, cfg, DispatchSharedBytes(p.ctx.layout.shape), stream);
+  return LaunchLl(dispatch, cfg.handles != nullptr ? cfg.handles->dispatch : nullptr, p, phase, cfg,
+                  DispatchSharedBytes(p.ctx.layout.shape), stream);
 }
 
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) {
@@ -195,7 +245,8 @@ CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) 
 
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
   if (p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;  // a split made for another grid
-  return LaunchLl(combine, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape), stream);
+  return LaunchLl(combine, cfg.handles != nullptr ? cfg.handles->combine : nullptr, p, phase, cfg,
+                  CombineSharedBytes(p.ctx.layout.shape), stream);
 }
 
 }  // namespace llep::kernels::cuda

@@ -309,6 +309,19 @@ struct CombineParams : protocol::CombineCall {
 /// else uses that area; rows for a call are written after the previous combine's send launch (stream order).
 inline constexpr int kZeroCopyHalf = 0;
 
+/// What launching the two kernels through the CUDA driver takes (ResolveLlLaunch, once per buffer): the driver's
+/// cuLaunchKernelEx with the kernel's function handle costs 2.8-2.9 µs of host time per launch on an H100 host against
+/// 3.4-3.7 µs for the runtime's cudaLaunchKernelEx with the kernel's host stub (bench/launch_cost_bench.cu,
+/// bench/RESULTS.md session 32): on every decode step's dispatch, combine and receive hook. Opaque pointers, so this
+/// header needs no driver header; all null (HIP, a driver without the entry point) means the runtime's launch.
+struct LlLaunchHandles {
+  void* launch = nullptr;    ///< the driver's cuLaunchKernelEx
+  void* dispatch = nullptr;  ///< CUfunction of `dispatch` in the current device's context
+  void* combine = nullptr;   ///< CUfunction of `combine`
+};
+/// Resolves the handles for the current device (after cudaSetDevice). An error leaves *out all null (runtime launches).
+cudaError_t ResolveLlLaunch(LlLaunchHandles* out);
+
 /// Launch geometry. Every CTA of a launch with a send phase must be resident at once (a publishing CTA waits for the
 /// other CTAs' completion adds; a kPhaseBoth launch's receive waits on signals other CTAs publish), so those launches
 /// are cooperative (a grid that cannot be co-resident is refused with cudaErrorCooperativeLaunchTooLarge instead of
@@ -316,6 +329,7 @@ inline constexpr int kZeroCopyHalf = 0;
 /// so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
 struct LaunchConfig {
   int num_ctas = 0;
+  const LlLaunchHandles* handles = nullptr;  ///< the driver's launch (ResolveLlLaunch); null: the runtime's
 };
 inline constexpr int kMaxDestinationsPerCta = 64;
 
