@@ -8,7 +8,8 @@ not run; each must make the next call use other memory and leave the held values
 is dropped the next call must reuse the memory; a tensor written in place and dropped is reused, one whose layout was
 changed in place (unsqueeze_) never. Without the counters (Debian's torch 1.13, CI) the pool must be off;
 the held-values checks hold for any allocator and run there too. The Buffer cases run on one rank: CPU backend under pytest, `--device cuda` on a GPU
-(there also a CUDA-graph capture, whose outputs must come from the graph's pool, not from the reuse pool).
+(there also a CUDA-graph capture, whose outputs must come from the graph's pool, not from the reuse pool, and which
+empties the reuse pools).
 Usage: test_output_pool.py [--device cpu|cuda]   (exit 0 = pass)"""
 import argparse
 import os
@@ -191,7 +192,7 @@ def _check_buffer(dev):
         out3 = buf.low_latency_combine(y, topk, w, res[2])[0]
         assert out3.data_ptr() in (p1, p2) or not pooled, 'combine out: not reused'
         del out3, res
-    if dev.type == 'cuda' and pooled:  # a capture neither takes a free set nor adopts its outputs
+    if dev.type == 'cuda' and pooled:  # a capture takes no free set, adopts nothing and lets go of the pools' sets
         x, topk, w = _inputs(7, dev)
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
@@ -201,10 +202,11 @@ def _check_buffer(dev):
             free_ptrs = {t.data_ptr() for t in _flat(warm)}
             del warm
             torch.cuda.synchronize()
-            n = len(buf._dispatch_pool)
+            assert len(buf._dispatch_pool) > 0 and len(buf._combine_pool) > 0
             with torch.cuda.graph(g, stream=s):
                 captured = buf.low_latency_dispatch(x, topk, T, E, use_fp8=False)
-        assert len(buf._dispatch_pool) == n, 'a capture adopted its outputs into the reuse pool'
+        assert len(buf._dispatch_pool) == 0 and len(buf._combine_pool) == 0, \
+            'a capture kept the eager outputs in the reuse pools, or adopted its own'
         assert not {t.data_ptr() for t in _flat(captured)} & free_ptrs, 'a capture took a set of the reuse pool'
         g.replay()
         torch.cuda.synchronize()
