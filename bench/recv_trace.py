@@ -50,8 +50,10 @@ def timeline(buf, op, points):
         vs = sorted(((v - t0) / 1000, b) for b, v in enumerate(col[name]) if v >= t0)
         if vs:
             cells.append(f'{name} {statistics.median(v for v, _ in vs):.2f}/{vs[-1][0]:.2f}@{vs[-1][1]}')
-    # CTA 0 holds the first token / message, the last CTA the handle and the count check: their own timelines.
-    for b in (0, G - 1):
+    # CTA 0 holds the first token / message, the last CTA the handle and the count check, and the CTA that stamped
+    # the launch's last point last (the launch's tail): their own timelines.
+    last = max(range(G), key=lambda b: col[points[-1]][b])
+    for b in sorted({0, G - 1, last}):
         pts = ' '.join(f'{name} {(col[name][b] - t0) / 1000:.2f}' for name in points if col[name][b] >= t0)
         cells.append(f'[CTA {b}: {pts}]')
     return ', '.join(cells)
