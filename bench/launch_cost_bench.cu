@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
       {"cudaGetDevice", [&] { CHECK_CUDA(cudaGetDevice(&dev)); }},
       {"cudaSetDevice (already current)", [&] { CHECK_CUDA(cudaSetDevice(0)); }},
       {"cudaStreamIsCapturing", [&] { CHECK_CUDA(cudaStreamIsCapturing(s, &cap)); }},
-      {"cudaEventRecord + cudaStreamWaitEvent", [&] {
+      {"cudaEventRecord + cudaStreamWaitEvent",
+       [&] {
          CHECK_CUDA(cudaEventRecord(ev, s));
          CHECK_CUDA(cudaStreamWaitEvent(s, ev, 0));
        }},
