@@ -46,8 +46,10 @@
 #include "kernels/cuda/ll_kernels.h"
 #include "kernels/cuda/ll_routing.cuh"
 
-#if !defined(LLEP_GPU_HIP)  // (set by runtime/protocol/gpu_port.h, included above)
-#include <cuda.h>  // the driver's launch (ResolveLlLaunch): its types; the entry point comes from the runtime
+// The driver's launch (ResolveLlLaunch): its types; the entry point comes from the runtime. (LLEP_GPU_HIP is set by
+// runtime/protocol/gpu_port.h, included above.)
+#if !defined(LLEP_GPU_HIP)
+#include <cuda.h>
 #endif
 
 namespace llep::kernels::cuda {
