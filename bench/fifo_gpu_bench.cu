@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/check_cuda.h"
 #include "proxy/fifo_consumer.h"
 #include "runtime/cuda_fifo_ring.h"
 #include "runtime/protocol/gpu_api.h"
@@ -17,15 +18,6 @@
 
 namespace llep {
 namespace {
-
-#define CHECK_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
 
 __global__ void FloodKernel(protocol::FifoRingHandle ring, int per_warp) {
   if (threadIdx.x % 32 != 0) return;
@@ -75,14 +67,14 @@ int Main() {
   std::printf("%-28s %14s %14s\n", "producers (blocks x warps)", "M commands/s", "commands");
   for (const auto& [blocks, warps] : std::vector<std::pair<int, int>>{{1, 1}, {8, 4}, {32, 8}, {132, 8}, {132, 16}}) {
     CudaFifoRing ring;
-    CHECK_CUDA(ring.Init(8192));
+    LLEP_BENCH_CHECK_CUDA(ring.Init(8192));
     const int per_warp = std::max(2000, 4000000 / (blocks * warps));
     const int64_t total = int64_t{blocks} * warps * per_warp;
     proxy::FifoConsumer consumer(ring.host);
     protocol::FifoCmd out[512];
     const auto t0 = std::chrono::steady_clock::now();
     FloodKernel<<<blocks, warps * 32>>>(ring.device, per_warp);
-    CHECK_CUDA(cudaGetLastError());
+    LLEP_BENCH_CHECK_CUDA(cudaGetLastError());
     int64_t got = 0;
     const auto deadline = t0 + std::chrono::seconds(20);
     while (got < total && std::chrono::steady_clock::now() < deadline) {
@@ -96,7 +88,7 @@ int Main() {
                   static_cast<long long>(got), static_cast<long long>(total), secs);
       continue;
     }
-    CHECK_CUDA(cudaDeviceSynchronize());
+    LLEP_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
     std::printf("%4d x %-23d %14.1f %14lld\n", blocks, warps, total / secs / 1e6, static_cast<long long>(total));
   }
 
@@ -110,13 +102,13 @@ int Main() {
         std::vector<protocol::FifoRingHandle> handles;
         for (int r = 0; r < num_rings; ++r) {
           rings.push_back(std::make_unique<CudaFifoRing>());
-          CHECK_CUDA(rings.back()->Init(8192));
+          LLEP_BENCH_CHECK_CUDA(rings.back()->Init(8192));
           handles.push_back(rings.back()->device);
         }
         protocol::FifoRingHandle* d_handles = nullptr;
-        CHECK_CUDA(cudaMalloc(&d_handles, sizeof(protocol::FifoRingHandle) * num_rings));
-        CHECK_CUDA(cudaMemcpy(d_handles, handles.data(), sizeof(protocol::FifoRingHandle) * num_rings,
-                              cudaMemcpyHostToDevice));
+        LLEP_BENCH_CHECK_CUDA(cudaMalloc(&d_handles, sizeof(protocol::FifoRingHandle) * num_rings));
+        LLEP_BENCH_CHECK_CUDA(cudaMemcpy(d_handles, handles.data(), sizeof(protocol::FifoRingHandle) * num_rings,
+                                         cudaMemcpyHostToDevice));
         const int per_warp = (std::max(2000, (batched ? 32000000 : 8000000) / (blocks * warps)) + 31) / 32 * 32;
         std::vector<int64_t> expected(num_rings, 0);
         for (int b = 0; b < blocks; ++b) expected[b % num_rings] += int64_t{warps} * per_warp;
@@ -134,7 +126,7 @@ int Main() {
           });
         }
         FloodRingsKernel<<<blocks, warps * 32>>>(d_handles, num_rings, per_warp, batched);
-        CHECK_CUDA(cudaGetLastError());
+        LLEP_BENCH_CHECK_CUDA(cudaGetLastError());
         const auto deadline = t0 + std::chrono::seconds(20);
         while (cudaStreamQuery(nullptr) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -148,7 +140,7 @@ int Main() {
           t.join();
         }
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        CHECK_CUDA(cudaDeviceSynchronize());
+        LLEP_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
         (void)cudaFree(d_handles);
         const int64_t total = int64_t{blocks} * warps * per_warp;
         if (timed_out || total_got.load() != total) {
@@ -163,18 +155,18 @@ int Main() {
   }
 
   CudaFifoRing ring;
-  CHECK_CUDA(ring.Init(1024));
+  LLEP_BENCH_CHECK_CUDA(ring.Init(1024));
   uint64_t* ack = nullptr;
   uint64_t* d_ack = nullptr;
-  CHECK_CUDA(cudaHostAlloc(&ack, sizeof(uint64_t), cudaHostAllocMapped));
+  LLEP_BENCH_CHECK_CUDA(cudaHostAlloc(&ack, sizeof(uint64_t), cudaHostAllocMapped));
   *ack = 0;
-  CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_ack), ack, 0));
+  LLEP_BENCH_CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_ack), ack, 0));
   constexpr int kRounds = 20000;
   uint64_t* d_ns = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_ns, kRounds * sizeof(uint64_t)));
+  LLEP_BENCH_CHECK_CUDA(cudaMalloc(&d_ns, kRounds * sizeof(uint64_t)));
   proxy::FifoConsumer consumer(ring.host);
   PingKernel<<<1, 32>>>(ring.device, d_ack, kRounds, d_ns);
-  CHECK_CUDA(cudaGetLastError());
+  LLEP_BENCH_CHECK_CUDA(cudaGetLastError());
   protocol::FifoCmd cmd;
   const auto ping_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   int rounds_done = 0;
@@ -188,9 +180,9 @@ int Main() {
       return 1;
     }
   }
-  CHECK_CUDA(cudaDeviceSynchronize());
+  LLEP_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<uint64_t> ns(kRounds);
-  CHECK_CUDA(cudaMemcpy(ns.data(), d_ns, kRounds * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  LLEP_BENCH_CHECK_CUDA(cudaMemcpy(ns.data(), d_ns, kRounds * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   std::sort(ns.begin() + 100, ns.end());  // first 100 rounds are warm-up
   const size_t n = ns.size() - 100;
   auto q = [&](double f) { return ns[100 + static_cast<size_t>(f * (n - 1))] / 1000.0; };

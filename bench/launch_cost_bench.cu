@@ -18,16 +18,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "bench/check_cuda.h"
 
-#define CHECK_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
+namespace {
 
 /// A parameter block the size of llep's DispatchParams (a few hundred bytes; kernels/cuda/ll_kernels.h).
 struct BigParams {
@@ -58,7 +51,7 @@ double Median(cudaStream_t s, int iters, const std::function<void()>& fn) {
       fn();
       ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
     }
-    CHECK_CUDA(cudaStreamSynchronize(s));
+    LLEP_BENCH_CHECK_CUDA(cudaStreamSynchronize(s));
     done += batch;
   }
   std::nth_element(ns.begin(), ns.begin() + ns.size() / 2, ns.end());
@@ -72,16 +65,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
   }
-  CHECK_CUDA(cudaSetDevice(0));
+  LLEP_BENCH_CHECK_CUDA(cudaSetDevice(0));
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  LLEP_BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int G = prop.multiProcessorCount;
   cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  LLEP_BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int smem = 64 * 1024;  // llep's dynamic shared memory is of this order at E = 256
-  CHECK_CUDA(cudaFuncSetAttribute(EmptyBig, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  LLEP_BENCH_CHECK_CUDA(cudaFuncSetAttribute(EmptyBig, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t ev;
-  CHECK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  LLEP_BENCH_CHECK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   BigParams big{};
   const auto launch_ex = [&](bool coop, bool with_smem) {
     cudaLaunchConfig_t cfg = {};
@@ -94,14 +87,14 @@ int main(int argc, char** argv) {
     attr[0].val.cooperative = coop ? 1 : 0;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CHECK_CUDA(cudaLaunchKernelEx(&cfg, EmptyBig, big, 0));
+    LLEP_BENCH_CHECK_CUDA(cudaLaunchKernelEx(&cfg, EmptyBig, big, 0));
   };
   // The driver's launch with the runtime's function handle (no per-call symbol lookup in the runtime).
   cudaFunction_t fn_rt = nullptr;
-  CHECK_CUDA(cudaGetFuncBySymbol(&fn_rt, reinterpret_cast<const void*>(EmptyBig)));
+  LLEP_BENCH_CHECK_CUDA(cudaGetFuncBySymbol(&fn_rt, reinterpret_cast<const void*>(EmptyBig)));
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000, cudaEnableDefault, &q));
+  LLEP_BENCH_CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000, cudaEnableDefault, &q));
   using LaunchFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
   const auto cu_launch = reinterpret_cast<LaunchFn>(entry);
   int zero = 0;
@@ -129,13 +122,13 @@ int main(int argc, char** argv) {
   int dev = -1;
   cudaStreamCaptureStatus cap;
   const std::vector<Row> rows = {
-      {"cudaGetDevice", [&] { CHECK_CUDA(cudaGetDevice(&dev)); }},
-      {"cudaSetDevice (already current)", [&] { CHECK_CUDA(cudaSetDevice(0)); }},
-      {"cudaStreamIsCapturing", [&] { CHECK_CUDA(cudaStreamIsCapturing(s, &cap)); }},
+      {"cudaGetDevice", [&] { LLEP_BENCH_CHECK_CUDA(cudaGetDevice(&dev)); }},
+      {"cudaSetDevice (already current)", [&] { LLEP_BENCH_CHECK_CUDA(cudaSetDevice(0)); }},
+      {"cudaStreamIsCapturing", [&] { LLEP_BENCH_CHECK_CUDA(cudaStreamIsCapturing(s, &cap)); }},
       {"cudaEventRecord + cudaStreamWaitEvent",
        [&] {
-         CHECK_CUDA(cudaEventRecord(ev, s));
-         CHECK_CUDA(cudaStreamWaitEvent(s, ev, 0));
+         LLEP_BENCH_CHECK_CUDA(cudaEventRecord(ev, s));
+         LLEP_BENCH_CHECK_CUDA(cudaStreamWaitEvent(s, ev, 0));
        }},
       {"<<<G, 512>>> 4-byte params", [&] { EmptySmall<<<G, 512, 0, s>>>(0); }},
       {"cudaLaunchKernelEx 772-byte params", [&] { launch_ex(false, false); }},
@@ -151,6 +144,6 @@ int main(int argc, char** argv) {
       if (round == 1) std::printf("  %-48s %8.0f\n", r.name.c_str(), ns);
     }
   }
-  CHECK_CUDA(cudaDeviceSynchronize());
+  LLEP_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
   return 0;
 }
