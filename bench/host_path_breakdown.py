@@ -59,7 +59,7 @@ def main():
     pool = buf._dispatch_pool
     if pool is not None:
         stream0 = buf._stream()
-        res['output pool take (dispatch, a free set)'] = _timed(lambda: pool.take(((True, False), stream0)),
+        res['output pool take (dispatch, a free set)'] = _timed(lambda: pool.take((True, False, stream0)),
                                                                 args.iters)
     res['Buffer._stream()'] = _timed(buf._stream, args.iters)
     res['7 x data_ptr()'] = _timed(lambda: [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])], args.iters)

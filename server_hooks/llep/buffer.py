@@ -91,6 +91,22 @@ class _HandleTokens(int):
     made: Optional[Tuple] = None
 
 
+def _new_dispatch_outputs(x: torch.Tensor, spec: _DispatchOutputs, use_fp8: bool) -> Tuple:
+    """A dispatch's five outputs, made now (scales None without FP8). new_empty / new_empty_strided: the cheapest ways
+    to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4 µs against 6.5-7 for torch.empty with a device
+    argument; bench/RESULTS.md)."""
+    return (x.new_empty(spec.x_shape, dtype=spec.x_dtype),
+            x.new_empty_strided(spec.scales_shape, spec.scales_stride, dtype=spec.scales_dtype) if use_fp8 else None,
+            x.new_empty(spec.count_shape, dtype=torch.int32),
+            x.new_empty(spec.src_info_shape, dtype=torch.int32),
+            x.new_empty(spec.layout_range_shape, dtype=torch.int64))
+
+
+def _new_combine_out(like: torch.Tensor, num_tokens: int, hidden: int) -> Tuple[torch.Tensor]:
+    """A combine's `out`, made now on `like`'s device (as a 1-tuple: the output pool keeps sets of tensors)."""
+    return (like.new_empty((num_tokens, hidden), dtype=torch.bfloat16),)
+
+
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
 _NO_EVENT = EventOverlap(None, None)  # what a call without async_finish returns (holds nothing, shared)
 
@@ -356,20 +372,25 @@ class Buffer:
             if pool is not None:
                 pool.clear()
 
-    def _pool_key(self, pool: Optional[OutputPool], mode: Any, stream: int) -> Any:
-        """The key under which `pool` keeps this call's outputs, or None where they are not pooled: reuse off, or a
-        stream being captured into a CUDA graph (outputs from the graph's pool, as torch allocates them there).
-        A capture also lets go of both pools' sets: an engine that captures its decode steps after eager warm-ups would
-        otherwise keep the warm-ups' outputs (up to 4 dispatch sets, 235 MB each at T=128 on 2 ranks, FP8) for
-        nothing. Sets a caller still holds stay valid (the pool only drops its references); eager calls after the
-        capture fill the pools again."""
+    def _outputs(self, pool: Optional[OutputPool], key: Tuple, make: Callable[..., Tuple], *args: Any) -> Tuple:
+        """A call's output tensors: a free set `pool` keeps under `key` (the call's mode or tokens, and its stream),
+        else fresh ones from make(*args), which the pool adopts while it has room (before they are bound anywhere else:
+        its counts then are the set's free state). Not pooled: reuse off, or a stream being captured into a CUDA graph
+        (outputs from the graph's pool, as torch allocates them there). A capture also lets go of both pools' sets: an
+        engine that captures its decode steps after eager warm-ups would otherwise keep the warm-ups' outputs (up to 4
+        dispatch sets, 235 MB each at T=128 on 2 ranks, FP8) for nothing. Sets a caller still holds stay valid (the pool
+        only drops its references); eager calls after the capture fill the pools again."""
         if pool is None:
-            return None
+            return make(*args)
         if self._dev_index >= 0 and _capturing is not None and _capturing():
             if len(pool):
                 self._clear_pools()
-            return None
-        return (mode, stream)
+            return make(*args)
+        outs = pool.take(key)
+        if outs is None:
+            outs = make(*args)
+            pool.adopt(key, outs)
+        return outs
 
     def __del__(self) -> None:
         # No collective here (DeepEP notes a destructor barrier can hang exception handling): just stop the proxy.
@@ -502,41 +523,30 @@ class Buffer:
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
             stream = self._stream()
-            key = self._pool_key(self._dispatch_pool, (use_fp8, use_ue8m0), stream)
-            outs = None if key is None else self._dispatch_pool.take(key)
-            if outs is None:
-                # new_empty / empty_strided: the cheapest ways to make a tensor from Python (H100 host, torch 2.11:
-                # 5.1-5.4 µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md).
-                outs = (x.new_empty(out.x_shape, dtype=out.x_dtype),
-                        x.new_empty_strided(out.scales_shape, out.scales_stride, dtype=out.scales_dtype) if use_fp8
-                        else None,
-                        x.new_empty(out.count_shape, dtype=torch.int32),
-                        x.new_empty(out.src_info_shape, dtype=torch.int32),
-                        x.new_empty(out.layout_range_shape, dtype=torch.int64))
-                if key is not None:
-                    self._dispatch_pool.adopt(key, outs)  # before the tensors are bound anywhere else
-            recv_x, scales, recv_count, src_info, layout_range = outs
+            recv_x, scales, recv_count, src_info, layout_range = self._outputs(
+                self._dispatch_pool, (use_fp8, use_ue8m0, stream), _new_dispatch_outputs, x, out, use_fp8)
+            layout_range_ptr = layout_range.data_ptr()
             plan_key = next(_plan_keys)
             op = runtime.dispatch(
                 # combine_weights: None or an address (0 for an empty batch, which still carries them).
                 x.data_ptr(), topk_idx.data_ptr(), None if combine_weights is None else combine_weights.data_ptr(),
                 num_tokens, topk_shape[1], use_fp8, round_scale, use_ue8m0,
                 recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
-                layout_range.data_ptr(),
+                layout_range_ptr,
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
                 0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
                 layer, plan_key, return_recv_hook, stream)
             self._dispatched = True
             if self._unreceived:  # an entry at this address is stale: its hook was dropped unrun and the memory reused
-                self._unreceived.discard(layout_range.data_ptr())
+                self._unreceived.discard(layout_range_ptr)
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook, (
                     x, topk_idx, recv_x, scales, recv_count, src_info, layout_range,
                     cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, combine_weights))
                 if return_recv_hook:  # its hook keeps layout_range alive (so the address unique) until it runs
-                    self._unreceived.add(layout_range.data_ptr())
-                    hook._handle_key = layout_range.data_ptr()
+                    self._unreceived.add(layout_range_ptr)
+                    hook._handle_key = layout_range_ptr
             tokens = _HandleTokens(num_max_dispatch_tokens_per_rank)
             tokens.plan_key = plan_key
             if combine_weights is not None:
@@ -620,21 +630,17 @@ class Buffer:
                     _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
-            if self._unreceived and layout_range.data_ptr() in self._unreceived:
+            layout_range_ptr = layout_range.data_ptr()
+            if self._unreceived and layout_range_ptr in self._unreceived:
                 raise _llep.LlepFailedPreconditionError(
                     'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
                     'hook before combining')
             stream = self._stream()
             if out is None:
-                key = self._pool_key(self._combine_pool, num_tokens, stream)
-                outs = None if key is None else self._combine_pool.take(key)
-                if outs is None:
-                    outs = (topk_weights.new_empty((num_tokens, hidden), dtype=torch.bfloat16),)
-                    if key is not None:
-                        self._combine_pool.adopt(key, outs)
-                out = outs[0]
+                out, = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out, topk_weights,
+                                     num_tokens, hidden)
             op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
-                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range.data_ptr(),
+                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr,
                                  out.data_ptr(),
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
                                  getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
