@@ -80,11 +80,11 @@ class FastArgs {
     PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments (%zd given)", method_, want, n_);
     return false;
   }
+  /// An int in [0, 2^64): an address, a stream handle, a plan key.
   bool Address(uintptr_t* out) {
     PyObject* o = Next();
     const unsigned long long v = PyLong_Check(o) ? PyLong_AsUnsignedLongLong(o) : 0;
-    if (!PyLong_Check(o) || (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()))
-      return Fail("an address (int >= 0)");
+    if (!PyLong_Check(o) || (v == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return Fail("an int >= 0");
     *out = static_cast<uintptr_t>(v);
     return true;
   }
@@ -115,12 +115,6 @@ class FastArgs {
       return Fail("an int in the int32 range");
     }
     *out = static_cast<int>(v);
-    return true;
-  }
-  bool U64(uint64_t* out) {
-    uintptr_t v = 0;
-    if (!Address(&v)) return false;
-    *out = v;
     return true;
   }
   bool Bool(bool* out) {
@@ -182,15 +176,14 @@ template <typename Holder>
 PyObject* FastDispatch(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   return Guarded([&]() -> PyObject* {
     FastArgs a("dispatch", kDispatchArgNames, args, n);
-    uintptr_t x, topk, recv_x, recv_scales, recv_count, src_info, layout_range, cumulative, wait, stream;
+    uintptr_t x, topk, recv_x, recv_scales, recv_count, src_info, layout_range, cumulative, wait, stream, plan_key;
     std::optional<uintptr_t> weights;
     int num_tokens, num_topk, layer;
     bool use_fp8, round_scale, use_ue8m0, split;
-    uint64_t plan_key;
     if (!(a.Count(19) && a.Address(&x) && a.Address(&topk) && a.OptionalAddress(&weights) && a.Int(&num_tokens) &&
           a.Int(&num_topk) && a.Bool(&use_fp8) && a.Bool(&round_scale) && a.Bool(&use_ue8m0) && a.Address(&recv_x) &&
           a.Address(&recv_scales) && a.Address(&recv_count) && a.Address(&src_info) && a.Address(&layout_range) &&
-          a.Address(&cumulative) && a.Address(&wait) && a.Int(&layer) && a.U64(&plan_key) && a.Bool(&split) &&
+          a.Address(&cumulative) && a.Address(&wait) && a.Int(&layer) && a.Address(&plan_key) && a.Bool(&split) &&
           a.Address(&stream))) {
       return nullptr;
     }
@@ -211,13 +204,12 @@ template <typename Holder>
 PyObject* FastCombine(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   return Guarded([&]() -> PyObject* {
     FastArgs a("combine", kCombineArgNames, args, n);
-    uintptr_t x, topk, weights, layout_range, out, wait, stream;
+    uintptr_t x, topk, weights, layout_range, out, wait, stream, plan_key;
     int num_tokens, num_topk;
     bool zero_copy, expert_reduced, split;
-    uint64_t plan_key;
     if (!(a.Count(13) && a.Address(&x) && a.Bool(&zero_copy) && a.Address(&topk) && a.Address(&weights) &&
           a.Int(&num_tokens) && a.Int(&num_topk) && a.Address(&layout_range) && a.Address(&out) && a.Address(&wait) &&
-          a.U64(&plan_key) && a.Bool(&expert_reduced) && a.Bool(&split) && a.Address(&stream))) {
+          a.Address(&plan_key) && a.Bool(&expert_reduced) && a.Bool(&split) && a.Address(&stream))) {
       return nullptr;
     }
     Holder& h = pybind11::cast<Holder&>(pybind11::handle(self));
