@@ -49,14 +49,17 @@ def main():
     res = {}
     from llep.buffer import _new_combine_out, _new_dispatch_outputs  # what a call without a free pooled set runs
     spec = buf._dispatch_outputs(True, False)
-    res['5 x new_empty (dispatch outputs, reuse off)'] = _timed(lambda: _new_dispatch_outputs(x, spec, True),
+    res['5 x new_empty (dispatch outputs, reuse off)'] = _timed(lambda: _new_dispatch_outputs(False, x, spec, True),
                                                                args.iters)
-    res['1 x new_empty (combine out, reuse off)'] = _timed(lambda: _new_combine_out(w, T, H), args.iters)
+    res['dispatch outputs in one block (pool misses)'] = _timed(lambda: _new_dispatch_outputs(True, x, spec, True),
+                                                                args.iters)
+    res['1 x new_empty (combine out, reuse off)'] = _timed(lambda: _new_combine_out(False, w, T, H), args.iters)
     pool = buf._dispatch_pool
     if pool is not None:
+        buf.low_latency_dispatch(x, topk, T, E)  # a second set, dropped: free (the first is held above)
         stream0 = buf._stream()
-        res['output pool take (dispatch, a free set)'] = _timed(lambda: pool.take((True, False, stream0)),
-                                                                args.iters)
+        res['output pool take (dispatch: a held set, a free one)'] = _timed(lambda: pool.take((True, False, stream0)),
+                                                                            args.iters)
     res['Buffer._stream()'] = _timed(buf._stream, args.iters)
     res['7 x data_ptr()'] = _timed(lambda: [t.data_ptr() for t in (x, topk, rx, sc, cnt, hd[0], hd[1])], args.iters)
     from llep._call_checks import _fast_ok, _NoTorchFunction

@@ -11,14 +11,19 @@ TensorImpl's use count (C++ holding the same tensor: a DLPack capsule, an async 
 storage's use count (a view, a slice, a reshape) and the reference count of the storage's Python object
 (`untyped_storage()`: torch 2.x keeps one Python object per storage, the pool's, so holding it moves no C++ count).
 A set is free when all four equal what they were right after the set was made, when only this pool held it (measured
-then, not assumed: the baseline depends on the torch build). Reading a count is ~0.1 µs.
+then, not assumed: the baseline depends on the torch build). Reading a count is ~0.1-0.3 µs on a GPU host, so the
+tensors of a set a Buffer makes share one allocation (`one_block`): the storage's two counts and its data address
+are read once per set, not once per tensor. The addresses the pool returns with a set are that data address plus
+each tensor's fixed offset, read on every take (a `resize_` may have moved the storage).
 
 Same rules as torch's caching allocator, which also hands a block out again once its tensor is gone: the next call
-on the same stream reuses it, in stream order. Two differences, both documented (README "Options"):
+on the same stream reuses it, in stream order. Differences, documented (README "Options"):
   - a set serves the stream it was made on only (its key holds the raw stream), and none is taken while the stream is
     being captured into a CUDA graph (those outputs come from the graph's private pool, as before);
   - `Tensor.record_stream(other)` is not seen: code that reads the outputs on another stream must keep a reference
-    until that stream is done (or turn reuse off with LLEP_REUSE_OUTPUTS=0).
+    until that stream is done (or turn reuse off with LLEP_REUSE_OUTPUTS=0);
+  - one tensor of a set kept alive keeps the whole set's memory (one allocation), and resizing one output's storage
+    (`untyped_storage().resize_`) resizes the set's.
 A tensor's layout changed in place and then dropped (unsqueeze_, transpose_, as_strided_, set_: each moves the
 tensor's version) retires its set. Two in-place changes move no version and are not seen: `resize_` and
 `requires_grad_` on an output that is then dropped come back with the next call.
@@ -33,50 +38,108 @@ import torch
 _storage_use_count: Optional[Callable[[int], int]] = getattr(torch._C, '_storage_Use_Count', None)
 AVAILABLE = _storage_use_count is not None and hasattr(torch.Tensor, '_use_count')
 
+Tensors = Tuple[Optional[torch.Tensor], ...]
+Spec = Optional[Tuple[Tuple[int, ...], Tuple[int, ...], torch.dtype]]  # (shape, stride, dtype), None: no tensor
+Place = Tuple[int, int]  # a tensor's storage (an index into its set's storages) and byte offset in it
+
 
 def _layout(t: torch.Tensor) -> Tuple:
     return t.dtype, t.shape, t.stride(), t.storage_offset(), t.requires_grad
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    size = getattr(dtype, 'itemsize', None)  # torch >= 2.1
+    return size if size is not None else torch.empty((), dtype=dtype).element_size()
+
+
+def one_block(like: torch.Tensor, specs: Tuple[Spec, ...]) -> Tensors:
+    """Tensors of one allocation on `like`'s device, one per spec (None for a None spec), each 256-byte aligned:
+    the set the pool keeps for a call with several outputs (the module doc: one storage to check per set). Each is
+    set_ onto the block's storage, not a view of the block: like a tensor of its own, it has no base and its own
+    version counter."""
+    offsets, end = [], 0
+    for spec in specs:
+        offsets.append(end)
+        if spec is not None:
+            shape, stride, dtype = spec
+            span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+            end += (span * _itemsize(dtype) + 255) // 256 * 256
+    block = like.new_empty((max(end, 256),), dtype=torch.uint8)
+    storage = block.untyped_storage() if hasattr(block, 'untyped_storage') else block.storage().untyped()  # torch 1.x
+    return tuple(None if spec is None else
+                 like.new_empty((0,), dtype=spec[2]).set_(storage, off // _itemsize(spec[2]), spec[0], spec[1])
+                 for spec, off in zip(specs, offsets))
+
+
+def _storages_and_places(tensors: Tensors) -> Tuple[Tuple[Tuple[object, int], ...], Tuple[Optional[Place], ...]]:
+    """The distinct storages of `tensors` (by StorageImpl address): (the storage's Python object, which also keeps the
+    address valid for the count, the address); and each tensor's place: (index of its storage, byte offset) or None.
+    A function of its own: a local of the caller still bound to a tensor or storage would be counted in the
+    baseline (_Set)."""
+    storages: List[Tuple[object, int]] = []
+    places: List[Optional[Place]] = []
+    for t in tensors:
+        if t is None:
+            places.append(None)
+            continue
+        st = t.untyped_storage()
+        i = next((i for i, (_, cdata) in enumerate(storages) if cdata == st._cdata), len(storages))
+        if i == len(storages):
+            storages.append((st, st._cdata))
+        places.append((i, t.storage_offset() * t.element_size()))
+    return tuple(storages), tuple(places)
+
+
 class _Set:
-    """One set of output tensors (None where a mode has no such output) and its counts when only the pool held it.
-    `dead`: a tensor's layout was changed in place (unsqueeze_, transpose_, set_, ...): the set is not handed out again."""
+    """One set of output tensors (None where a mode has no such output), its storages (usually one: `one_block`) and
+    its counts when only the pool held it. `dead`: a tensor's layout was changed in place (unsqueeze_, transpose_,
+    set_, ...): the set is not handed out again."""
 
-    __slots__ = ('tensors', '_items', '_layouts', '_baseline', 'dead')
+    __slots__ = ('tensors', '_live', '_storages', '_places', '_layouts', '_baseline', 'dead')
 
-    def __init__(self, tensors: Tuple[Optional[torch.Tensor], ...]) -> None:
+    def __init__(self, tensors: Tensors) -> None:
         self.tensors = tensors
-        # (tensor, its storage's Python object, which also keeps the storage's address valid for the count, address)
-        self._items = tuple((t, st, st._cdata) for t, st in ((t, t.untyped_storage()) for t in tensors if t is not None))
-        self._layouts = tuple(_layout(t) for t, _, _ in self._items)
+        self._live = tuple(t for t in tensors if t is not None)
+        self._storages, self._places = _storages_and_places(tensors)
+        self._layouts = tuple(_layout(t) for t in self._live)
         self.dead = False
-        self._baseline: List[Tuple[int, ...]] = self._scan(None)
+        self._baseline = self._counts()
 
-    def _scan(self, baseline):
-        """The counts of every tensor (baseline None), or whether they equal baseline's, stopping at the first that
-        does not. One code path for both, so the references the scan itself makes are the same in the baseline.
-        The last count is the tensor's version, which every in-place torch op moves: the layout is checked again then
-        (a write such as mul_ leaves it, and the version becomes the baseline's; unsqueeze_ does not: the set dies)."""
+    def _counts(self) -> List[Tuple[int, ...]]:
+        """(refcount, use count, version) per tensor, then (refcount, use count) per storage. claim() reads them with
+        the same loops (the loop variable is a reference the baseline counts too)."""
         rc = sys.getrefcount
-        got = []
-        for t, st, cdata in self._items:
-            counts = (rc(t), rc(st), t._use_count(), _storage_use_count(cdata), t._version)
-            if baseline is None:
-                got.append(counts)
-                continue
-            i = len(got)
-            if counts != baseline[i]:
-                if counts[:4] != baseline[i][:4]:
-                    return False  # held
+        got = [(rc(t), t._use_count(), t._version) for t in self._live]
+        return got + [(rc(st), _storage_use_count(cdata)) for st, cdata in self._storages]
+
+    def claim(self) -> Optional[List[int]]:
+        """Each tensor's data address (0 for None) if only the pool holds the set, else None, stopping at the first
+        count that says it is held. A tensor's version that moved (every in-place torch op moves it) has its layout
+        checked again: a write such as mul_ leaves it and the version becomes the baseline's; unsqueeze_ does not, and
+        the set dies. The addresses: one data pointer read per storage (a resize_ may have moved it)."""
+        rc = sys.getrefcount
+        base = self._baseline
+        i = 0
+        for t in self._live:
+            b = base[i]
+            if rc(t) != b[0] or t._use_count() != b[1]:
+                return None
+            if t._version != b[2]:
                 if _layout(t) != self._layouts[i]:
                     self.dead = True
-                    return False
-                baseline[i] = counts
-            got.append(None)
-        return got if baseline is None else True
-
-    def free(self) -> bool:
-        return self._scan(self._baseline)
+                    return None
+                base[i] = (b[0], b[1], t._version)
+            i += 1
+        for st, cdata in self._storages:
+            b = base[i]
+            if rc(st) != b[0] or _storage_use_count(cdata) != b[1]:
+                return None
+            i += 1
+        if len(self._storages) == 1:
+            at = self._storages[0][0].data_ptr()
+            return [0 if p is None else at + p[1] for p in self._places]
+        bases = [st.data_ptr() for st, _ in self._storages]
+        return [0 if p is None else bases[p[0]] + p[1] for p in self._places]
 
 
 class OutputPool:
@@ -90,30 +153,34 @@ class OutputPool:
         self._max_sets = max_sets
         self._lock = threading.Lock()  # two threads may call one Buffer (vLLM's DBO): one taker per set
 
-    def take(self, key: Hashable) -> Optional[List[Optional[torch.Tensor]]]:
-        """A free set's tensors, or None. The list is made under the lock, so the set reads as held before another
-        thread can look at it."""
+    def take(self, key: Hashable) -> Optional[Tuple[List[Optional[torch.Tensor]], List[int]]]:
+        """A free set's (tensors, their data addresses), or None. The list is made under the lock, so the set reads as
+        held before another thread can look at it."""
         sets = self._sets.get(key)
         if sets:
             with self._lock:
                 for i, s in enumerate(sets):
-                    if s.free():
+                    addresses = s.claim()
+                    if addresses is not None:
                         if i + 1 < len(sets):  # the next call tries the others first: a caller holding the last
                             sets.append(sets.pop(i))  # outputs (a handle until its combine) finds a free set at once
-                        return list(s.tensors)
+                        return list(s.tensors), addresses
                     if s.dead:  # its room goes to a fresh set (the caller's adopt)
                         del sets[i]
                         self._count -= 1
                         break
         return None
 
-    def adopt(self, key: Hashable, tensors: Tuple[Optional[torch.Tensor], ...]) -> None:
+    def has_room(self, key: Hashable) -> bool:
+        """Whether adopt(key, ...) would keep a set now (a caller makes a set the pool cannot keep the cheaper way)."""
+        return len(self._sets.get(key, ())) < self._per_key and self._count < self._max_sets
+
+    def adopt(self, key: Hashable, tensors: Tensors) -> None:
         """Keeps a fresh set if there is room. Call it before the tensors are bound anywhere but `tensors`: its
         counts now are the set's free state."""
         with self._lock:
-            sets = self._sets.setdefault(key, [])
-            if len(sets) < self._per_key and self._count < self._max_sets:
-                sets.append(_Set(tensors))
+            if self.has_room(key):
+                self._sets.setdefault(key, []).append(_Set(tensors))
                 self._count += 1
 
     def clear(self) -> None:

@@ -26,7 +26,7 @@ metrics exporter) are listed with their defaults in one table, README "Options";
 """
 import itertools
 import os
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,7 @@ from llep._call_checks import (_COMBINE_FORK_KWARGS, _DISPATCH_FORK_KWARGS, _FP8
                                _capturing, _check_fork_kwargs, _check_tensor, _fast_ok, _fast_ok_optional, _invalid,
                                _layout_shape, _raw_stream, topk_idx_t)
 from llep._output_pool import AVAILABLE as _POOL_AVAILABLE
-from llep._output_pool import OutputPool
+from llep._output_pool import OutputPool, Tensors, one_block
 from llep.utils import CompletedEvent, EventOverlap
 
 class Config:
@@ -91,10 +91,16 @@ class _HandleTokens(int):
     made: Optional[Tuple] = None
 
 
-def _new_dispatch_outputs(x: torch.Tensor, spec: _DispatchOutputs, use_fp8: bool) -> Tuple:
-    """A dispatch's five outputs, made now (scales None without FP8). new_empty / new_empty_strided: the cheapest ways
-    to make a tensor from Python (H100 host, torch 2.11: 5.1-5.4 µs against 6.5-7 for torch.empty with a device
-    argument; bench/RESULTS.md)."""
+def _new_dispatch_outputs(block: bool, x: torch.Tensor, spec: _DispatchOutputs, use_fp8: bool) -> Tensors:
+    """A dispatch's five outputs, made now (scales None without FP8): in one allocation for the output pool (`block`;
+    _output_pool.one_block), else apart. new_empty / new_empty_strided: the cheapest ways to make a tensor from Python
+    (H100 host, torch 2.11: 5.1-5.4 µs against 6.5-7 for torch.empty with a device argument; bench/RESULTS.md)."""
+    if block:
+        return one_block(x, ((spec.x_shape, _contiguous(spec.x_shape), spec.x_dtype),
+                             (spec.scales_shape, spec.scales_stride, spec.scales_dtype) if use_fp8 else None,
+                             (spec.count_shape, (1,), torch.int32),
+                             (spec.src_info_shape, _contiguous(spec.src_info_shape), torch.int32),
+                             (spec.layout_range_shape, _contiguous(spec.layout_range_shape), torch.int64)))
     return (x.new_empty(spec.x_shape, dtype=spec.x_dtype),
             x.new_empty_strided(spec.scales_shape, spec.scales_stride, dtype=spec.scales_dtype) if use_fp8 else None,
             x.new_empty(spec.count_shape, dtype=torch.int32),
@@ -102,9 +108,19 @@ def _new_dispatch_outputs(x: torch.Tensor, spec: _DispatchOutputs, use_fp8: bool
             x.new_empty(spec.layout_range_shape, dtype=torch.int64))
 
 
-def _new_combine_out(like: torch.Tensor, num_tokens: int, hidden: int) -> Tuple[torch.Tensor]:
-    """A combine's `out`, made now on `like`'s device (as a 1-tuple: the output pool keeps sets of tensors)."""
+def _new_combine_out(block: bool, like: torch.Tensor, num_tokens: int, hidden: int) -> Tensors:
+    """A combine's `out`, made now on `like`'s device (as a 1-tuple: the output pool keeps sets of tensors; one tensor
+    is one allocation either way)."""
     return (like.new_empty((num_tokens, hidden), dtype=torch.bfloat16),)
+
+
+def _contiguous(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The strides of a contiguous tensor of this shape."""
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= d
+    return tuple(reversed(strides))
 
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
@@ -372,25 +388,30 @@ class Buffer:
             if pool is not None:
                 pool.clear()
 
-    def _outputs(self, pool: Optional[OutputPool], key: Tuple, make: Callable[..., Tuple], *args: Any) -> Tuple:
-        """A call's output tensors: a free set `pool` keeps under `key` (the call's mode or tokens, and its stream),
-        else fresh ones from make(*args), which the pool adopts while it has room (before they are bound anywhere else:
-        its counts then are the set's free state). Not pooled: reuse off, or a stream being captured into a CUDA graph
-        (outputs from the graph's pool, as torch allocates them there). A capture also lets go of both pools' sets: an
-        engine that captures its decode steps after eager warm-ups would otherwise keep the warm-ups' outputs (up to 4
-        dispatch sets, 235 MB each at T=128 on 2 ranks, FP8) for nothing. Sets a caller still holds stay valid (the pool
-        only drops its references); eager calls after the capture fill the pools again."""
+    def _outputs(self, pool: Optional[OutputPool], key: Tuple, make: Callable[..., Tensors],
+                 *args: Any) -> Tuple[Sequence[Optional[torch.Tensor]], Sequence[int]]:
+        """A call's output tensors and their data addresses (0 for None): a free set `pool` keeps under `key` (the
+        call's mode or tokens, then its raw stream, last), else fresh ones from make(block, *args), which the pool
+        adopts while it has room (before they are bound anywhere else: its counts then are the set's free state; made
+        in one allocation then, block=True, so the pool checks one storage per set). Not pooled: reuse off, or a stream
+        being captured into a CUDA graph (outputs from the graph's pool, as torch allocates them there; the legacy
+        stream, 0, cannot be captured, so its calls make no capture query). A capture also lets go of both pools'
+        sets: an engine that captures its decode steps after eager warm-ups would otherwise keep the warm-ups' outputs
+        (up to 4 dispatch sets, 235 MB each at T=128 on 2 ranks, FP8) for nothing. Sets a caller still holds stay
+        valid (the pool only drops its references); eager calls after the capture fill the pools again."""
         if pool is None:
-            return make(*args)
-        if self._dev_index >= 0 and _capturing is not None and _capturing():
+            outs = make(False, *args)
+        elif key[-1] and _capturing is not None and _capturing():
             if len(pool):
                 self._clear_pools()
-            return make(*args)
-        outs = pool.take(key)
-        if outs is None:
-            outs = make(*args)
+            outs = make(False, *args)
+        else:
+            got = pool.take(key)
+            if got is not None:
+                return got
+            outs = make(pool.has_room(key), *args)
             pool.adopt(key, outs)
-        return outs
+        return outs, [0 if t is None else t.data_ptr() for t in outs]
 
     def __del__(self) -> None:
         # No collective here (DeepEP notes a destructor barrier can hang exception handling): just stop the proxy.
@@ -523,16 +544,15 @@ class Buffer:
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
             stream = self._stream()
-            recv_x, scales, recv_count, src_info, layout_range = self._outputs(
+            (recv_x, scales, recv_count, src_info, layout_range), addr = self._outputs(
                 self._dispatch_pool, (use_fp8, use_ue8m0, stream), _new_dispatch_outputs, x, out, use_fp8)
-            layout_range_ptr = layout_range.data_ptr()
+            layout_range_ptr = addr[4]
             plan_key = next(_plan_keys)
             op = runtime.dispatch(
                 # combine_weights: None or an address (0 for an empty batch, which still carries them).
                 x.data_ptr(), topk_idx.data_ptr(), None if combine_weights is None else combine_weights.data_ptr(),
                 num_tokens, topk_shape[1], use_fp8, round_scale, use_ue8m0,
-                recv_x.data_ptr(), scales.data_ptr() if use_fp8 else 0, recv_count.data_ptr(), src_info.data_ptr(),
-                layout_range_ptr,
+                addr[0], addr[1], addr[2], addr[3], layout_range_ptr,  # recv_x, scales (0 without FP8), count, src_info
                 0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
                 0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
                 layer, plan_key, return_recv_hook, stream)
@@ -637,11 +657,12 @@ class Buffer:
                     'hook before combining')
             stream = self._stream()
             if out is None:
-                out, = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out, topk_weights,
-                                     num_tokens, hidden)
+                (out,), (out_ptr,) = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out,
+                                                   topk_weights, num_tokens, hidden)
+            else:
+                out_ptr = out.data_ptr()
             op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
-                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr,
-                                 out.data_ptr(),
+                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr, out_ptr,
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
                                  getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
                                  stream)

@@ -34,6 +34,34 @@ def _make():
     return (torch.empty(64), None, torch.empty(4, dtype=torch.int32))
 
 
+def _addresses_ok(got):
+    """The addresses take() returned with a set are its tensors' data addresses (0 for None)."""
+    tensors, addresses = got
+    return addresses == [0 if t is None else t.data_ptr() for t in tensors]
+
+
+def test_one_block():
+    specs = (((2, 3, 4), (12, 4, 1), torch.bfloat16), None, ((2, 3, 5), (15, 1, 3), torch.float32),
+             ((3,), (1,), torch.int64), ((0, 4), (4, 1), torch.int32))
+    got = _output_pool.one_block(torch.empty(1), specs)
+    assert got[1] is None
+    block = got[0].untyped_storage() if hasattr(got[0], 'untyped_storage') else None
+    spans = []
+    for t, spec in zip(got, specs):
+        if spec is None:
+            continue
+        assert (tuple(t.shape), t.stride(), t.dtype) == spec, f'{spec}: got {tuple(t.shape), t.stride(), t.dtype}'
+        assert t._base is None, 'a view of the block: shares its version counter, has a base'
+        if t.numel() == 0:
+            continue  # torch reports address 0 for an empty tensor
+        assert (t.data_ptr() - got[0].data_ptr()) % 256 == 0, 'each tensor starts 256 bytes apart from the block'
+        if block is not None:
+            assert t.untyped_storage().data_ptr() == block.data_ptr(), 'one allocation'
+        spans.append((t.data_ptr(), t.data_ptr() + max(t.numel(), 1) * t.element_size()))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), 'the tensors overlap'
+
+
 def test_pool_alone():
     pool = _output_pool.OutputPool(per_key=2, max_sets=3)
     if not _output_pool.AVAILABLE:
@@ -49,7 +77,8 @@ def test_pool_alone():
     assert pool.take('a') is None, 'b still held'
     del b, outs
     got = pool.take('a')
-    assert got is not None and got[1] is None
+    assert got is not None and got[0][1] is None and _addresses_ok(got)
+    got = got[0]
     ptr = got[0].data_ptr()
     holders = {'tensor': lambda t: t, 'view': lambda t: t[1:], 'reshape': lambda t: t.view(8, 8),
                'storage': lambda t: t.untyped_storage(), 'dlpack': to_dlpack, 'list': lambda t: [t]}
@@ -61,14 +90,17 @@ def test_pool_alone():
         assert pool.take('a') is None, f'a {name} of the tensor is held'
         del held
         got = pool.take('a')
-        assert got is not None and got[0].data_ptr() == ptr, f'free again after the {name} went'
+        assert got is not None and got[0][0].data_ptr() == ptr and _addresses_ok(got), \
+            f'free again after the {name} went'
+        got = got[0]
     # written in place and dropped: free again (the version moved, the layout did not)
     x = got[0]
     del got
     x.mul_(2)
     del x
     got = pool.take('a')
-    assert got is not None and got[0].data_ptr() == ptr, 'a tensor written in place and dropped was not reused'
+    assert got is not None and got[0][0].data_ptr() == ptr, 'a tensor written in place and dropped was not reused'
+    got = got[0]
     # its layout changed in place and dropped: never handed out again, its room freed
     x = got[0]
     del got
@@ -89,6 +121,28 @@ def test_pool_alone():
     assert len(pool) == 3
     pool.clear()
     assert len(pool) == 0 and pool.take('a') is None
+    # its storage grown (resize_ moves no version: the set may come back): never a stale address
+    pool.adopt('a', _make())
+    got = pool.take('a')
+    x = got[0][0]
+    del got
+    x.resize_(1 << 16)
+    grown = x.data_ptr()
+    del x
+    got = pool.take('a')
+    assert got is None or (_addresses_ok(got) and got[1][0] == grown), 'a stale address after resize_'
+    del got
+    # one allocation for a set: a view of either tensor holds both
+    blk = _output_pool.one_block(torch.empty(1), (((8,), (1,), torch.float32), ((4,), (1,), torch.int64)))
+    pool.adopt('blk', blk)
+    first, second = blk
+    del blk
+    view = second[1:]
+    del first, second
+    assert pool.take('blk') is None, 'a view of one tensor of the block is held'
+    del view
+    got = pool.take('blk')
+    assert got is not None and _addresses_ok(got) and got[1][1] - got[1][0] == 256
 
 
 # ------------------------------------------------------------------------------------------------- through a Buffer
@@ -150,6 +204,8 @@ def _check_buffer(dev):
             res, _ = dispatch()
             ptrs = [t.data_ptr() for t in (_flat(res) if pooled else kept(res))]
             assert not pooled or tuple(ptrs) in _pooled_ptrs(buf), f'{name}: every set free, yet none reused'
+            assert not pooled or len({t.untyped_storage().data_ptr() for t in _flat(res)}) == 1, \
+                'a pooled dispatch set is not one allocation'
             held = hold(res)
             del res
             # Later calls whose outputs are all kept: every other set is held too, so the pool's only choices are the
@@ -240,6 +296,7 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser()
     ap.add_argument('--device', default='cpu', choices=('cpu', 'cuda'))
     args = ap.parse_args()
+    test_one_block()
     test_pool_alone()
     _run(args.device)
     print(f'test_output_pool: PASS ({args.device}, pool {"on" if _output_pool.AVAILABLE else "off: torch lacks the counters"})')
