@@ -9,6 +9,7 @@
 
 namespace llep::bindings {
 void BindCpuBuffer(pybind11::module_& m);
+void BindOutputPoolProbe(pybind11::module_& m);
 #ifdef LLEP_HAVE_GPU
 void BindGpuBuffer(pybind11::module_& m);
 #endif
@@ -65,6 +66,7 @@ PYBIND11_MODULE(LLEP_MODULE_NAME, m) {
     return names;
   }();
   llep::bindings::BindCpuBuffer(m);
+  llep::bindings::BindOutputPoolProbe(m);
   // HAVE_CUDA: a GPU backend for torch's "cuda" device, which a ROCm torch also calls "cuda"; GPU_PLATFORM says whose.
 #ifdef LLEP_HAVE_GPU
   llep::bindings::BindGpuBuffer(m);

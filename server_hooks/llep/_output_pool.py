@@ -29,12 +29,14 @@ tensor's version) retires its set. Two in-place changes move no version and are 
 `requires_grad_` on an output that is then dropped come back with the next call.
 Without the counters (torch builds before they existed) the pool is off and every call allocates, as before.
 """
-import sys
 import threading
 from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
+from llep import _llep
+
+_probe = _llep.pool_probe
 _storage_use_count: Optional[Callable[[int], int]] = getattr(torch._C, '_storage_Use_Count', None)
 AVAILABLE = _storage_use_count is not None and hasattr(torch.Tensor, '_use_count')
 
@@ -71,23 +73,22 @@ def one_block(like: torch.Tensor, specs: Tuple[Spec, ...]) -> Tensors:
                  for spec, off in zip(specs, offsets))
 
 
-def _storages_and_places(tensors: Tensors) -> Tuple[Tuple[Tuple[object, int], ...], Tuple[Optional[Place], ...]]:
-    """The distinct storages of `tensors` (by StorageImpl address): (the storage's Python object, which also keeps the
-    address valid for the count, the address); and each tensor's place: (index of its storage, byte offset) or None.
-    A function of its own: a local of the caller still bound to a tensor or storage would be counted in the
-    baseline (_Set)."""
-    storages: List[Tuple[object, int]] = []
+def _storages_and_places(tensors: Tensors) -> Tuple[Tuple[object, ...], Tuple[int, ...], Tuple[Optional[Place], ...]]:
+    """The distinct storages of `tensors` (by StorageImpl address): their Python objects (which also keep the addresses
+    valid for the use count) and addresses; and each tensor's place: (index of its storage, byte offset) or None."""
+    storages: List[object] = []
+    cdatas: List[int] = []
     places: List[Optional[Place]] = []
     for t in tensors:
         if t is None:
             places.append(None)
             continue
         st = t.untyped_storage()
-        i = next((i for i, (_, cdata) in enumerate(storages) if cdata == st._cdata), len(storages))
-        if i == len(storages):
-            storages.append((st, st._cdata))
-        places.append((i, t.storage_offset() * t.element_size()))
-    return tuple(storages), tuple(places)
+        if st._cdata not in cdatas:
+            storages.append(st)
+            cdatas.append(st._cdata)
+        places.append((cdatas.index(st._cdata), t.storage_offset() * t.element_size()))
+    return tuple(storages), tuple(cdatas), tuple(places)
 
 
 class _Set:
@@ -95,51 +96,34 @@ class _Set:
     its counts when only the pool held it. `dead`: a tensor's layout was changed in place (unsqueeze_, transpose_,
     set_, ...): the set is not handed out again."""
 
-    __slots__ = ('tensors', '_live', '_storages', '_places', '_layouts', '_baseline', 'dead')
+    __slots__ = ('tensors', '_live', '_storages', '_cdatas', '_places', '_layouts', '_baseline', 'dead')
 
     def __init__(self, tensors: Tensors) -> None:
         self.tensors = tensors
         self._live = tuple(t for t in tensors if t is not None)
-        self._storages, self._places = _storages_and_places(tensors)
+        self._storages, self._cdatas, self._places = _storages_and_places(tensors)
         self._layouts = tuple(_layout(t) for t in self._live)
         self.dead = False
-        self._baseline = self._counts()
-
-    def _counts(self) -> List[Tuple[int, ...]]:
-        """(refcount, use count, version) per tensor, then (refcount, use count) per storage. claim() reads them with
-        the same loops (the loop variable is a reference the baseline counts too)."""
-        rc = sys.getrefcount
-        got = [(rc(t), t._use_count(), t._version) for t in self._live]
-        return got + [(rc(st), _storage_use_count(cdata)) for st, cdata in self._storages]
+        # No local may refer to a tensor or storage here: the baseline's refcounts would count it.
+        self._baseline = _probe(self._live, self._storages, self._cdatas, _storage_use_count, None, None)
 
     def claim(self) -> Optional[List[int]]:
-        """Each tensor's data address (0 for None) if only the pool holds the set, else None, stopping at the first
-        count that says it is held. A tensor's version that moved (every in-place torch op moves it) has its layout
-        checked again: a write such as mul_ leaves it and the version becomes the baseline's; unsqueeze_ does not, and
-        the set dies. The addresses: one data pointer read per storage (a resize_ may have moved it)."""
-        rc = sys.getrefcount
-        base = self._baseline
-        i = 0
-        for t in self._live:
-            b = base[i]
-            if rc(t) != b[0] or t._use_count() != b[1]:
+        """Each tensor's data address (0 for None) if only the pool holds the set, else None. The counts are read
+        natively (_llep.pool_probe: the refcount, use count and version of every tensor, the refcount and use count of
+        every storage, then one data pointer per storage, which a resize_ may have moved). A tensor's version that
+        moved (every in-place torch op moves it) has its layout checked again: a write such as mul_ leaves it and the
+        version becomes the baseline's; unsqueeze_ does not, and the set dies."""
+        while True:
+            got = _probe(self._live, self._storages, self._cdatas, _storage_use_count, self._baseline, self._places)
+            if got is None or type(got) is list:
+                return got
+            # Only this tensor's version moved. (No local names it: the probe again would count that reference.)
+            if _layout(self._live[got]) != self._layouts[got]:
+                self.dead = True
                 return None
-            if t._version != b[2]:
-                if _layout(t) != self._layouts[i]:
-                    self.dead = True
-                    return None
-                base[i] = (b[0], b[1], t._version)
-            i += 1
-        for st, cdata in self._storages:
-            b = base[i]
-            if rc(st) != b[0] or _storage_use_count(cdata) != b[1]:
-                return None
-            i += 1
-        if len(self._storages) == 1:
-            at = self._storages[0][0].data_ptr()
-            return [0 if p is None else at + p[1] for p in self._places]
-        bases = [st.data_ptr() for st, _ in self._storages]
-        return [0 if p is None else bases[p[0]] + p[1] for p in self._places]
+            base = list(self._baseline)
+            base[3 * got + 2] = self._live[got]._version
+            self._baseline = tuple(base)
 
 
 class OutputPool:

@@ -537,8 +537,10 @@ class Buffer:
             out = self._dispatch_outputs(use_fp8, use_ue8m0)
             if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
                     len(topk_shape := topk_idx.shape) == 2 and topk_shape[0] == num_tokens and
-                    _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index) and
-                    _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index) and
+                    (cumulative_local_expert_recv_stats is None or  # (no call for the usual None)
+                     _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index)) and
+                    (dispatch_wait_recv_cost_stats is None or
+                     _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)) and
                     (combine_weights is None or (_fast_ok(combine_weights, torch.float32, dev_index) and
                                                  combine_weights.shape == topk_shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -647,7 +649,8 @@ class Buffer:
                       _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
                     (out is None or
                      (_fast_ok(out, torch.bfloat16, dev_index) and out.shape == (num_tokens, hidden))) and
-                    _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)):
+                    (combine_wait_recv_cost_stats is None or
+                     _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index))):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
             layout_range_ptr = layout_range.data_ptr()
