@@ -62,6 +62,78 @@ def test_one_block():
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), 'the tensors overlap'
 
 
+class _FakeTensor:
+    """What pool_probe reads of a tensor: _use_count(), _version."""
+
+    def __init__(self):
+        self.use, self._version = 1, 0
+
+    def _use_count(self):
+        return self.use
+
+
+class _FakeStorage:
+    """What pool_probe reads of a storage: data_ptr() (its use count comes from the function it is given)."""
+
+    def __init__(self, address):
+        self.address, self.use = address, 1
+
+    def data_ptr(self):
+        return self.address
+
+
+def test_pool_probe_native():
+    """_llep.pool_probe on stand-in objects (any torch, CI's included): the baseline's layout, each count that holds a
+    set, a version that alone moved, the addresses, and bad arguments as errors."""
+    from llep import _llep
+    probe = _llep.pool_probe
+    tensors = (_FakeTensor(), _FakeTensor())
+    storages = (_FakeStorage(4096), _FakeStorage(8192))
+    cdatas = (11, 22)
+    by_cdata = dict(zip(cdatas, storages))
+
+    def storage_use_count(cdata):
+        return by_cdata[cdata].use
+
+    places = ((0, 256), None, (1, 0))
+    base = probe(tensors, storages, cdatas, storage_use_count, None, None)
+    assert len(base) == 3 * 2 + 2 * 2 and base[1] == 1 and base[2] == 0 and base[7] == 1, base
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) == [4352, 0, 8192]
+    held = [tensors[1]]  # a reference: the tensor's refcount
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    del held
+    tensors[0].use = 2  # C++ holding the tensor
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    tensors[0].use = 1
+    storages[1].use = 3  # a view: the storage's use count
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    storages[1].use = 1
+    held = [storages[0]]  # the storage's Python object
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    del held
+    tensors[1]._version = 5  # written in place: the index, for the caller's layout check
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) == 1
+    tensors[1]._version = 0
+    storages[0].address = 65536  # the storage moved (resize_): the addresses follow
+    assert probe(tensors, storages, cdatas, storage_use_count, base, places) == [65792, 0, 8192]
+    for bad in ((tensors, storages, cdatas, storage_use_count, base[:-1], places),  # not this set's baseline
+                (tensors, storages, cdatas, storage_use_count, base, ((2, 0),)),  # no storage 2
+                (tensors, storages, cdatas, storage_use_count, base, ((0,),)),  # not (storage, offset)
+                (tensors, storages, cdatas[:1], storage_use_count, None, None),  # a cdata per storage
+                (None, storages, cdatas, storage_use_count, None, None)):  # (a list of the tensors would hold them)
+        try:
+            probe(*bad)
+        except (TypeError, ValueError):
+            continue
+        raise AssertionError(f'pool_probe{bad!r}: no error')
+    try:
+        probe(tensors, storages, cdatas, lambda cdata: 1 / 0, None, None)
+    except ZeroDivisionError:
+        pass
+    else:
+        raise AssertionError('an error of a count read was not raised')
+
+
 def test_pool_alone():
     pool = _output_pool.OutputPool(per_key=2, max_sets=3)
     if not _output_pool.AVAILABLE:
@@ -297,6 +369,7 @@ if __name__ == '__main__':
     ap.add_argument('--device', default='cpu', choices=('cpu', 'cuda'))
     args = ap.parse_args()
     test_one_block()
+    test_pool_probe_native()
     test_pool_alone()
     _run(args.device)
     print(f'test_output_pool: PASS ({args.device}, pool {"on" if _output_pool.AVAILABLE else "off: torch lacks the counters"})')
