@@ -75,15 +75,16 @@ PyObject* PoolProbe(PyObject*, PyObject* const* args, Py_ssize_t n) {
            put(AsI64(PyObject_CallOneArg(storage_use_count, PyTuple_GET_ITEM(cdatas, i))));
     }
     if (!ok) {
-      for (; k < num_counts; ++k) PyTuple_SET_ITEM(out, k, Py_NewRef(Py_None));  // a valid tuple to free
-      Py_DECREF(out);
+      Py_DECREF(out);  // its unset items are null, which a tuple's deallocation skips
       return nullptr;
     }
     return out;
   }
   PyObject* const baseline = args[4];
   PyObject* const places = args[5];
-  if (PyTuple_GET_SIZE(baseline) != num_counts) {
+  bool baseline_ok = PyTuple_GET_SIZE(baseline) == num_counts;
+  for (Py_ssize_t k = 0; baseline_ok && k < num_counts; ++k) baseline_ok = PyLong_Check(PyTuple_GET_ITEM(baseline, k));
+  if (!baseline_ok) {
     PyErr_SetString(PyExc_ValueError, "pool_probe: the baseline is not this set's");
     return nullptr;
   }
@@ -130,7 +131,7 @@ PyObject* PoolProbe(PyObject*, PyObject* const* args, Py_ssize_t n) {
     }
     PyList_SET_ITEM(out, i, PyLong_FromLongLong(address));
   }
-  if (PyErr_Occurred()) {  // an offset or a baseline count that was not an int
+  if (PyErr_Occurred()) {  // an offset that was not an int
     Py_DECREF(out);
     return nullptr;
   }

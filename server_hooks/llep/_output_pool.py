@@ -11,10 +11,11 @@ TensorImpl's use count (C++ holding the same tensor: a DLPack capsule, an async 
 storage's use count (a view, a slice, a reshape) and the reference count of the storage's Python object
 (`untyped_storage()`: torch 2.x keeps one Python object per storage, the pool's, so holding it moves no C++ count).
 A set is free when all four equal what they were right after the set was made, when only this pool held it (measured
-then, not assumed: the baseline depends on the torch build). Reading a count is ~0.1-0.3 µs on a GPU host, so the
-tensors of a set a Buffer makes share one allocation (`one_block`): the storage's two counts and its data address
-are read once per set, not once per tensor. The addresses the pool returns with a set are that data address plus
-each tensor's fixed offset, read on every take (a `resize_` may have moved the storage).
+then, not assumed: the baseline depends on the torch build). Reading them from Python cost a dispatch ~3.5 µs on an
+H100 host, so the tensors of a set a Buffer makes share one allocation (`one_block`: one storage's two counts and one
+data address per set, not per tensor) and the counts are read natively (`_llep.pool_probe`, the same torch calls
+without the interpreter). The addresses the pool returns with a set are that data address plus each tensor's fixed
+offset, read on every take (a `resize_` may have moved the storage).
 
 Same rules as torch's caching allocator, which also hands a block out again once its tensor is gone: the next call
 on the same stream reuses it, in stream order. Differences, documented (README "Options"):

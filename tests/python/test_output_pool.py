@@ -117,6 +117,8 @@ def test_pool_probe_native():
     storages[0].address = 65536  # the storage moved (resize_): the addresses follow
     assert probe(tensors, storages, cdatas, storage_use_count, base, places) == [65792, 0, 8192]
     for bad in ((tensors, storages, cdatas, storage_use_count, base[:-1], places),  # not this set's baseline
+                (tensors, storages, cdatas, storage_use_count, ('1',) * len(base), places),
+                (tensors, storages, cdatas, storage_use_count, base, ((0, 'x'),)),  # an offset not an int
                 (tensors, storages, cdatas, storage_use_count, base, ((2, 0),)),  # no storage 2
                 (tensors, storages, cdatas, storage_use_count, base, ((0,),)),  # not (storage, offset)
                 (tensors, storages, cdatas[:1], storage_use_count, None, None),  # a cdata per storage
