@@ -1,5 +1,5 @@
 // The native module llep._llep (llep._llep_hip in the LLEP_GPU=hip build): layout queries, the CPU backend binding,
-// the GPU backend binding when built, and the error classes.
+// the GPU backend binding when built, the output pool's count probe (output_pool_probe.cc) and the error classes.
 #include <pybind11/pybind11.h>
 
 #include "runtime/base/env.h"
