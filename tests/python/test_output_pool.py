@@ -188,11 +188,12 @@ def test_pool_alone():
     # capacity: per key and in all
     pool.adopt('a', _make())
     pool.adopt('a', _make())
+    assert not pool.has_room('a') and pool.has_room('b'), 'room: 2 sets per key, 3 in all'
     pool.adopt('a', _make())
     assert len(pool) == 2
     pool.adopt('b', _make())
     pool.adopt('c', _make())
-    assert len(pool) == 3
+    assert len(pool) == 3 and not pool.has_room('d')
     pool.clear()
     assert len(pool) == 0 and pool.take('a') is None
     # its storage grown (resize_ moves no version: the set may come back): never a stale address
