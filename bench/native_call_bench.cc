@@ -16,36 +16,20 @@
 #include <string>
 #include <vector>
 
+#include "bench/check_cuda.h"
 #include "runtime/bootstrap.h"
 #include "runtime/gpu_buffer.h"
 #include "runtime/validate.h"
 
 namespace {
 
-#define CHECK_OK(expr)                                                            \
-  do {                                                                            \
-    const auto& s_ = (expr);                                                      \
-    if (!s_.ok()) {                                                               \
-      std::fprintf(stderr, "%s: %s\n", #expr, std::string(s_.message()).c_str()); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-#define CHECK_CUDA(expr)                                               \
-  do {                                                                 \
-    const cudaError_t e_ = (expr);                                     \
-    if (e_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                    \
-    }                                                                  \
-  } while (0)
-
 using Clock = std::chrono::steady_clock;
 
 template <typename T>
 T* DeviceArray(size_t n) {
   void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, n * sizeof(T)));
-  CHECK_CUDA(cudaMemset(p, 0, n * sizeof(T)));
+  LLEP_BENCH_CHECK_CUDA(cudaMalloc(&p, n * sizeof(T)));
+  LLEP_BENCH_CHECK_CUDA(cudaMemset(p, 0, n * sizeof(T)));
   return static_cast<T*>(p);
 }
 
@@ -58,13 +42,13 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--tokens") == 0) T = std::atoi(argv[i + 1]);
   }
   const int H = 7168, E = 256, K = 8, R = 1;
-  CHECK_CUDA(cudaSetDevice(0));
+  LLEP_BENCH_CHECK_CUDA(cudaSetDevice(0));
   auto bootstrap = llep::MakeCallbackBootstrap(
       0, 1, [](const std::string& blob) -> absl::StatusOr<std::vector<std::string>> { return {{blob}}; });
   llep::GpuBufferOptions opt;
   opt.device = 0;
   auto made = llep::GpuBuffer::Create(llep::protocol::LlShape{T, H, E, R}, *bootstrap, opt);
-  CHECK_OK(made.status());
+  LLEP_BENCH_CHECK_OK(made.status());
   std::unique_ptr<llep::GpuBuffer> buf = *std::move(made);
 
   // Inputs: token t selects experts (t + 32 k) % E, k < K; outputs sized for R * T rows per local expert.
@@ -73,7 +57,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < K; ++k) ids[static_cast<size_t>(t) * K + k] = (t + 32 * k) % E;
   }
   auto* topk = DeviceArray<int64_t>(ids.size());
-  CHECK_CUDA(cudaMemcpy(topk, ids.data(), ids.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  LLEP_BENCH_CHECK_CUDA(cudaMemcpy(topk, ids.data(), ids.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
   const size_t rows = static_cast<size_t>(E / R) * R * T;
   llep::DispatchCall d;
   d.x = DeviceArray<uint16_t>(static_cast<size_t>(T) * H);
@@ -99,32 +83,32 @@ int main(int argc, char** argv) {
     return v[v.size() / 2];
   };
   cudaStream_t own;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  LLEP_BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
   // torch's default stream is the legacy one (handle 0), which a launch must order against every blocking stream.
   for (cudaStream_t s : {own, cudaStream_t{nullptr}}) {
     for (int i = 0; i < 20; ++i) {  // warm-up, and the calls are known to work
-      CHECK_OK(buf->Dispatch(d, false, s).status());
-      CHECK_OK(buf->Combine(c, false, s).status());
+      LLEP_BENCH_CHECK_OK(buf->Dispatch(d, false, s).status());
+      LLEP_BENCH_CHECK_OK(buf->Combine(c, false, s).status());
     }
-    CHECK_CUDA(cudaStreamSynchronize(s));
+    LLEP_BENCH_CHECK_CUDA(cudaStreamSynchronize(s));
     // Each call timed alone. The GPU stays busy ahead: a pair's kernels take longer (~25 µs at T = 8) than the host
     // takes to queue it, and a memset starts every batch behind some work; a batch stays below the launch queue's
     // depth.
     std::vector<double> t_d, t_c, t_set, t_err, t_val;
     for (int done = 0; done < iters;) {
       const int batch = std::min(200, iters - done);
-      CHECK_CUDA(cudaMemsetAsync(const_cast<uint16_t*>(c.x), 0, rows * H * 2, s));
+      LLEP_BENCH_CHECK_CUDA(cudaMemsetAsync(const_cast<uint16_t*>(c.x), 0, rows * H * 2, s));
       for (int i = 0; i < batch; ++i) {
         auto t0 = Clock::now();
-        CHECK_OK(buf->Dispatch(d, false, s).status());
+        LLEP_BENCH_CHECK_OK(buf->Dispatch(d, false, s).status());
         auto t1 = Clock::now();
-        CHECK_OK(buf->Combine(c, false, s).status());
+        LLEP_BENCH_CHECK_OK(buf->Combine(c, false, s).status());
         auto t2 = Clock::now();
-        CHECK_CUDA(cudaSetDevice(0));
+        LLEP_BENCH_CHECK_CUDA(cudaSetDevice(0));
         auto t3 = Clock::now();
-        CHECK_OK(buf->CheckErrors(false));
+        LLEP_BENCH_CHECK_OK(buf->CheckErrors(false));
         auto t4 = Clock::now();
-        CHECK_OK(llep::ValidateDispatchCall(buf->layout().shape, d, opt.metrics_layers));
+        LLEP_BENCH_CHECK_OK(llep::ValidateDispatchCall(buf->layout().shape, d, opt.metrics_layers));
         auto t5 = Clock::now();
         t_d.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
         t_c.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count());
@@ -132,7 +116,7 @@ int main(int argc, char** argv) {
         t_err.push_back(std::chrono::duration<double, std::nano>(t4 - t3).count());
         t_val.push_back(std::chrono::duration<double, std::nano>(t5 - t4).count());
       }
-      CHECK_CUDA(cudaStreamSynchronize(s));
+      LLEP_BENCH_CHECK_CUDA(cudaStreamSynchronize(s));
       done += batch;
     }
     std::printf(
@@ -141,6 +125,6 @@ int main(int argc, char** argv) {
         T, s == own ? "a non-blocking" : "the legacy", iters, median(t_d), median(t_c), median(t_set), median(t_err),
         median(t_val));
   }
-  CHECK_OK(buf->Close());
+  LLEP_BENCH_CHECK_OK(buf->Close());
   return 0;
 }
