@@ -58,9 +58,10 @@ def _fast_ok(t: Any, dtype: torch.dtype, dev_index: int) -> bool:
             (dev_index >= 0 or t.is_cpu))  # get_device() is -1 for CPU and for meta tensors too
 
 
-def _fast_ok_optional(t: Any, dtype: torch.dtype, shape: Tuple[int, ...], dev_index: int) -> bool:
-    """_fast_ok with the shape, for the optional statistics tensors (None passes)."""
-    return t is None or (_fast_ok(t, dtype, dev_index) and t.shape == shape)
+def _fast_ok_shape(t: Any, dtype: torch.dtype, shape: Tuple[int, ...], dev_index: int) -> bool:
+    """_fast_ok with the shape, for the optional statistics tensors (the caller skips a None, the usual case, without
+    a call)."""
+    return _fast_ok(t, dtype, dev_index) and t.shape == shape
 
 
 def _layout_shape(num_max_dispatch_tokens_per_rank: Any, hidden: Any, num_experts: Any) -> Tuple[int, int, int]:

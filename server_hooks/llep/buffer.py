@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from llep import _llep
 from llep._call_checks import (_COMBINE_FORK_KWARGS, _DISPATCH_FORK_KWARGS, _FP8, _DispatchOutputs, _NoTorchFunction,
-                               _capturing, _check_fork_kwargs, _check_tensor, _fast_ok, _fast_ok_optional, _invalid,
+                               _capturing, _check_fork_kwargs, _check_tensor, _fast_ok, _fast_ok_shape, _invalid,
                                _layout_shape, _raw_stream, topk_idx_t)
 from llep._output_pool import AVAILABLE as _POOL_AVAILABLE
 from llep._output_pool import OutputPool, Tensors, one_block
@@ -537,10 +537,10 @@ class Buffer:
             out = self._dispatch_outputs(use_fp8, use_ue8m0)
             if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
                     len(topk_shape := topk_idx.shape) == 2 and topk_shape[0] == num_tokens and
-                    (cumulative_local_expert_recv_stats is None or  # (no call for the usual None)
-                     _fast_ok_optional(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index)) and
+                    (cumulative_local_expert_recv_stats is None or
+                     _fast_ok_shape(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index)) and
                     (dispatch_wait_recv_cost_stats is None or
-                     _fast_ok_optional(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)) and
+                     _fast_ok_shape(dispatch_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index)) and
                     (combine_weights is None or (_fast_ok(combine_weights, torch.float32, dev_index) and
                                                  combine_weights.shape == topk_shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -650,7 +650,7 @@ class Buffer:
                     (out is None or
                      (_fast_ok(out, torch.bfloat16, dev_index) and out.shape == (num_tokens, hidden))) and
                     (combine_wait_recv_cost_stats is None or
-                     _fast_ok_optional(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index))):
+                     _fast_ok_shape(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index))):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
             layout_range_ptr = layout_range.data_ptr()
