@@ -47,6 +47,10 @@ def _check_fork_kwargs(method: str, kwargs: Dict[str, Any], known: Tuple[str, ..
 # Torch-function handling off: a mode (torch.set_default_device installs one) or a subclass would otherwise route every
 # tensor call below through Python. The calls pass explicit devices, so nothing depends on the default device.
 _NoTorchFunction = getattr(torch._C, 'DisableTorchFunction', contextlib.nullcontext)
+# Whether any argument would route torch calls through Python: a torch-function mode is active, or one is a tensor
+# subclass (or other object) with its own __torch_function__. One C call (~0.05 µs); the calls enter _NoTorchFunction
+# only then (entering and leaving it cost ~0.3 µs of every call on H100 hosts, bench/RESULTS.md session 34).
+_has_torch_function = getattr(torch._C, '_has_torch_function_variadic', lambda *args: True)
 _raw_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None)  # device index -> cudaStream_t as int
 _capturing = getattr(torch._C, '_cuda_isCurrentStreamCapturing', None)  # () -> bool, for the current device
 

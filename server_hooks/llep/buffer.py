@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 from llep import _llep
 from llep._call_checks import (_COMBINE_FORK_KWARGS, _DISPATCH_FORK_KWARGS, _FP8, _DispatchOutputs, _NoTorchFunction,
-                               _capturing, _check_fork_kwargs, _check_tensor, _fast_ok, _fast_ok_shape, _invalid,
-                               _layout_shape, _raw_stream, topk_idx_t)
+                               _capturing, _check_fork_kwargs, _check_tensor, _fast_ok, _fast_ok_shape,
+                               _has_torch_function, _invalid, _layout_shape, _raw_stream, topk_idx_t)
 from llep._output_pool import AVAILABLE as _POOL_AVAILABLE
 from llep._output_pool import OutputPool, Tensors, one_block
 from llep.utils import CompletedEvent, EventOverlap
@@ -125,6 +125,7 @@ def _contiguous(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 
 _plan_keys = itertools.count(1)  # unique in the process, never 0 (0 = no plan)
 _NO_EVENT = EventOverlap(None, None)  # what a call without async_finish returns (holds nothing, shared)
+_Tensor, _BF16, _F32 = torch.Tensor, torch.bfloat16, torch.float32  # read per call: module names, not attributes
 
 
 class _ReceiveHook:
@@ -144,9 +145,8 @@ class _ReceiveHook:
             raise _llep.LlepFailedPreconditionError('this receive hook already ran')
         if self._handle_key:
             self._buffer._unreceived.discard(self._handle_key)
-        try:
-            with _NoTorchFunction():
-                self._runtime.receive(op, self._buffer._stream())
+        try:  # no tensor is touched here: no torch-function guard needed
+            self._runtime.receive(op, self._buffer._stream())
         finally:
             self._keep = None
 
@@ -494,8 +494,9 @@ class Buffer:
     # Host path (issue #19): these two calls are on every decode step of an engine that does not capture graphs, so
     # they do per call only what cannot be done once: a few attribute reads to check the tensors (the detailed
     # messages are built only when a check fails), the output allocations, one native call. Torch-function handling
-    # is off inside (a default device set with torch.set_default_device routes every tensor call through a Python
-    # hook, ~3x dearer), and the stream is read as a raw handle. Both backends share one call path.
+    # is off inside where it is on for the call's arguments (a default device set with torch.set_default_device routes
+    # every tensor call through a Python hook, ~3x dearer; a tensor subclass its own), and the stream is read as a raw
+    # handle. Both backends share one call path.
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
@@ -527,15 +528,26 @@ class Buffer:
             _check_fork_kwargs('low_latency_dispatch', kwargs, _DISPATCH_FORK_KWARGS)
         if async_finish and return_recv_hook:
             raise _invalid('async_finish and return_recv_hook are mutually exclusive')
-        with _NoTorchFunction():
-            x_shape = x.shape if isinstance(x, torch.Tensor) else ()
+        no_tf = _has_torch_function(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+                                    combine_weights)
+        if no_tf:  # only where a mode or a subclass would route the tensor calls below through Python
+            no_tf = _NoTorchFunction()
+            no_tf.__enter__()
+        try:
+            x_shape = x.shape if isinstance(x, _Tensor) else ()
             if len(x_shape) != 2:
                 raise _invalid('x must be a 2-D torch.Tensor [num_tokens, hidden]')
             num_tokens, hidden = x_shape
-            runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+            runtime = self.runtime
+            if runtime is None or (num_max_dispatch_tokens_per_rank, hidden, num_experts) != self._shape:
+                runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
             dev_index = self._dev_index
             out = self._dispatch_outputs(use_fp8, use_ue8m0)
-            if not (_fast_ok(x, torch.bfloat16, dev_index) and _fast_ok(topk_idx, topk_idx_t, dev_index) and
+            # _fast_ok written out for x and topk_idx (one Python call each fewer; x's type was tested above).
+            cpu = dev_index < 0
+            if not (x.dtype is _BF16 and x.is_contiguous() and x.get_device() == dev_index and (not cpu or x.is_cpu) and
+                    isinstance(topk_idx, _Tensor) and topk_idx.dtype is topk_idx_t and topk_idx.is_contiguous() and
+                    topk_idx.get_device() == dev_index and (not cpu or topk_idx.is_cpu) and
                     len(topk_shape := topk_idx.shape) == 2 and topk_shape[0] == num_tokens and
                     (cumulative_local_expert_recv_stats is None or
                      _fast_ok_shape(cumulative_local_expert_recv_stats, torch.int32, out.count_shape, dev_index)) and
@@ -545,7 +557,7 @@ class Buffer:
                                                  combine_weights.shape == topk_shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
-            stream = self._stream()
+            stream = self._stream() if cpu or _raw_stream is None else _raw_stream(dev_index)
             (recv_x, scales, recv_count, src_info, layout_range), addr = self._outputs(
                 self._dispatch_pool, (use_fp8, use_ue8m0, stream), _new_dispatch_outputs, x, out, use_fp8)
             layout_range_ptr = addr[4]
@@ -576,6 +588,9 @@ class Buffer:
             handle = (src_info, layout_range, tokens, hidden, int(num_experts))
             tokens.made = (src_info, layout_range, self._combine_specs, topk_idx, topk_idx._version)
             return (recv_x, scales) if use_fp8 else recv_x, recv_count, handle, event, hook
+        finally:
+            if no_tf:
+                no_tf.__exit__(None, None, None)
 
     def _dispatch_outputs(self, use_fp8: bool, use_ue8m0: bool) -> _DispatchOutputs:
         """Shapes, strides and dtypes of a dispatch's outputs for this layout (computed once per mode)."""
@@ -624,16 +639,23 @@ class Buffer:
             raise _invalid('async_finish and return_recv_hook are mutually exclusive')
         if type(handle) is not tuple or len(handle) != 5:
             raise _invalid('handle must be the 5-tuple low_latency_dispatch returned')
-        with _NoTorchFunction():
-            src_info, layout_range, T, hidden, num_experts = handle
-            runtime = self._backend(T, hidden, num_experts)
+        src_info, layout_range, T, hidden, num_experts = handle
+        no_tf = _has_torch_function(x, topk_idx, topk_weights, src_info, layout_range, out,
+                                    combine_wait_recv_cost_stats)
+        if no_tf:  # only where a mode or a subclass would route the tensor calls below through Python
+            no_tf = _NoTorchFunction()
+            no_tf.__enter__()
+        try:
+            runtime = self.runtime
+            if runtime is None or (T, hidden, num_experts) != self._shape:
+                runtime = self._backend(T, hidden, num_experts)
             dev_index = self._dev_index
             spec = self._combine_specs
             if not self._dispatched:
                 raise _llep.LlepFailedPreconditionError(
                     'low_latency_combine before any low_latency_dispatch of this layout: pass the handle a dispatch '
                     'returned')
-            made = getattr(T, 'made', None)
+            made = T.made if type(T) is _HandleTokens else None
             # The dispatch's own src_info / layout_range, and its topk_idx unchanged since (no in-place op moved its
             # version), were checked there: only their identities are compared (_HandleTokens.made).
             from_dispatch = made is not None and made[0] is src_info and made[1] is layout_range and made[2] is spec
@@ -642,13 +664,20 @@ class Buffer:
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
                                       combine_wait_recv_cost_stats)
             num_tokens = topk_shape[0]
-            if not (_fast_ok(topk_weights, torch.float32, dev_index) and topk_weights.shape == topk_shape and
-                    (zero_copy or (_fast_ok(x, torch.bfloat16, dev_index) and x.shape == spec[0])) and
+            # _fast_ok written out for the three tensors of every combine (one Python call each fewer).
+            cpu = dev_index < 0
+            if not (isinstance(topk_weights, _Tensor) and topk_weights.dtype is _F32 and
+                    topk_weights.is_contiguous() and topk_weights.get_device() == dev_index and
+                    (not cpu or topk_weights.is_cpu) and topk_weights.shape == topk_shape and
+                    (zero_copy or (isinstance(x, _Tensor) and x.dtype is _BF16 and x.is_contiguous() and
+                                   x.get_device() == dev_index and (not cpu or x.is_cpu) and x.shape == spec[0])) and
                     (from_dispatch or
                      (_fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
                       _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
                     (out is None or
-                     (_fast_ok(out, torch.bfloat16, dev_index) and out.shape == (num_tokens, hidden))) and
+                     (isinstance(out, _Tensor) and out.dtype is _BF16 and out.is_contiguous() and
+                      out.get_device() == dev_index and (not cpu or out.is_cpu) and
+                      out.shape == (num_tokens, hidden))) and
                     (combine_wait_recv_cost_stats is None or
                      _fast_ok_shape(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index))):
                 self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
@@ -658,23 +687,29 @@ class Buffer:
                 raise _llep.LlepFailedPreconditionError(
                     'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
                     'hook before combining')
-            stream = self._stream()
+            stream = self._stream() if cpu or _raw_stream is None else _raw_stream(dev_index)
             if out is None:
                 (out,), (out_ptr,) = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out,
                                                    topk_weights, num_tokens, hidden)
             else:
                 out_ptr = out.data_ptr()
+            if made is not None:
+                plan_key, expert_reduced = T.plan_key, T.expert_reduced
+            else:  # a handle rebuilt around a plain int: no kept plan
+                plan_key, expert_reduced = getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False)
             op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
                                  topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr, out_ptr,
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
-                                 getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
-                                 stream)
+                                 plan_key, expert_reduced, return_recv_hook, stream)
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,
                                                   (x, topk_idx, topk_weights, layout_range, out,
                                                    combine_wait_recv_cost_stats))
             return out, event, hook
+        finally:
+            if no_tf:
+                no_tf.__exit__(None, None, None)
 
     def _explain_combine(self, x: Any, zero_copy: bool, topk_idx: Any, topk_weights: Any, src_info: Any,
                          layout_range: Any, out: Any, wait: Any) -> None:
@@ -695,7 +730,8 @@ class Buffer:
         raise _invalid('combine arguments are inconsistent')
 
     def _stream(self) -> int:
-        """The raw handle of the current stream of this buffer's device (0 on the CPU backend)."""
+        """The raw handle of the current stream of this buffer's device (0 on the CPU backend). The per-call paths
+        make the raw read themselves (one Python call fewer)."""
         if self._dev_index < 0:
             return 0
         if _raw_stream is not None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.overrides import TorchFunctionMode
 
 import llep
 from llep.engine.moe import e4m3_values
@@ -310,6 +311,33 @@ def _worker(rank, port, provider):
         if hasattr(torch, 'set_default_device'):
             torch.set_default_device(None)
     assert torch.equal(stats, count) and out.shape == (x.size(0), H)
+    # Torch-function handling is turned off inside the calls only where an argument would route their tensor calls
+    # through Python (_has_torch_function): a tensor subclass with its own __torch_function__ then sees none of them,
+    # nor does a torch-function mode on torch >= 2.0 (1.13's DisableTorchFunction leaves modes on); the results are
+    # the same either way.
+    seen = []
+
+    class _Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    class _Sub(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    with _Counting():
+        (_, _), count_m, handle_m, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+        out_m, _, _ = buf.low_latency_combine(y, topk, w, handle_m)
+    assert not seen or not hasattr(torch._C, 'DisableTorchFunctionSubclass'), seen
+    assert torch.equal(count_m, count) and torch.equal(out_m, out)
+    seen.clear()
+    (_, _), count_s, handle_s, _, _ = buf.low_latency_dispatch(x.as_subclass(_Sub), topk, T, E)
+    out_s, _, _ = buf.low_latency_combine(y.as_subclass(_Sub), topk, w, handle_s)
+    assert not seen, seen
+    assert torch.equal(count_s, count) and torch.equal(out_s.as_subclass(torch.Tensor), out)
     with pytest.raises(ValueError, match='every call must agree'):
         buf.low_latency_dispatch(x, topk, T * 2, E)
     with pytest.raises(NotImplementedError, match='use_nvfp4'):
