@@ -328,16 +328,19 @@ def _worker(rank, port, provider):
             seen.append(func)
             return super().__torch_function__(func, types, args, kwargs)
 
+    y_r = torch.randn(y.shape, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+    (_, _), _, handle_r, _, _ = buf.low_latency_dispatch(x, topk, T, E)
+    out_r, _, _ = buf.low_latency_combine(y_r, topk, w, handle_r)
     with _Counting():
         (_, _), count_m, handle_m, _, _ = buf.low_latency_dispatch(x, topk, T, E)
-        out_m, _, _ = buf.low_latency_combine(y, topk, w, handle_m)
+        out_m, _, _ = buf.low_latency_combine(y_r, topk, w, handle_m)
     assert not seen or not hasattr(torch._C, 'DisableTorchFunctionSubclass'), seen
-    assert torch.equal(count_m, count) and torch.equal(out_m, out)
+    assert torch.equal(count_m, count) and torch.equal(out_m, out_r) and out_r.abs().sum() > 0
     seen.clear()
     (_, _), count_s, handle_s, _, _ = buf.low_latency_dispatch(x.as_subclass(_Sub), topk, T, E)
-    out_s, _, _ = buf.low_latency_combine(y.as_subclass(_Sub), topk, w, handle_s)
+    out_s, _, _ = buf.low_latency_combine(y_r.as_subclass(_Sub), topk, w, handle_s)
     assert not seen, seen
-    assert torch.equal(count_s, count) and torch.equal(out_s.as_subclass(torch.Tensor), out)
+    assert torch.equal(count_s, count) and torch.equal(out_s.as_subclass(torch.Tensor), out_r)
     with pytest.raises(ValueError, match='every call must agree'):
         buf.low_latency_dispatch(x, topk, T * 2, E)
     with pytest.raises(NotImplementedError, match='use_nvfp4'):
