@@ -296,6 +296,17 @@ def _cases(c: Ctx) -> List[Case]:
              'out must have shape'),
         Case('combine_out_non_contiguous', lambda c: c.combine(out=torch.empty((H, n), **bf16).t()), IA,
              'out must be contiguous'),
+        # out given with the dispatch's handle and topk_idx: the checks are made in C (combine_tensors).
+        Case('combine_out_on_another_device', lambda c: c.combine(
+            out=torch.empty((n, H), dtype=torch.bfloat16, device=other)), IA, 'out is on|has no data'),
+        Case('combine_out_given_x_on_another_device', lambda c: c.combine(
+            x=torch.zeros((E_LOC, R * T, H), dtype=torch.bfloat16, device=other), out=torch.empty((n, H), **bf16)),
+             IA, 'x is on|has no data'),
+        Case('combine_out_given_weights_float64', lambda c: c.combine(w=c.w.double(), out=torch.empty((n, H), **bf16)),
+             IA, 'topk_weights must have dtype'),
+        Case('combine_out_given_wait_stats_int32', lambda c: c.combine(
+            out=torch.empty((n, H), **bf16), combine_wait_recv_cost_stats=torch.zeros(R, **i32)), IA,
+             'combine_wait_recv_cost_stats must have dtype'),
         Case('combine_wait_stats_wrong_shape', lambda c: c.combine(
             combine_wait_recv_cost_stats=torch.zeros(R + 1, **i64)), IA, 'combine_wait_recv_cost_stats must have shape'),
         Case('combine_logfmt_and_zero_copy', lambda c: c.combine(use_logfmt=True, zero_copy=True), IA,

@@ -282,6 +282,7 @@ def _worker(rank, port, provider):
         buf.low_latency_dispatch(x, topk, T, E, dispatch_wait_recv_cost_stats=torch.zeros(R, dtype=torch.int32))
     (_, _), _, good, _, _ = buf.low_latency_dispatch(x, topk, T, E)
     y = torch.zeros((E // R, R * T, H), dtype=torch.bfloat16)
+    good_out = torch.empty((x.size(0), H), dtype=torch.bfloat16)
     for bad_call, message in (
             (lambda: buf.low_latency_combine(y.float(), topk, w, good), 'x must have dtype'),
             (lambda: buf.low_latency_combine(y[:, :-1], topk, w, good), 'x must have shape'),
@@ -295,7 +296,21 @@ def _worker(rank, port, provider):
             (lambda: buf.low_latency_combine(y, topk, w, good, combine_wait_recv_cost_stats=torch.zeros(R + 1,
                                                                                                           dtype=torch.int64)),
              'combine_wait_recv_cost_stats must have shape'),
-            (lambda: buf.low_latency_combine(y, topk, w, list(good)), 'handle must be the 5-tuple')):
+            (lambda: buf.low_latency_combine(y, topk, w, list(good)), 'handle must be the 5-tuple'),
+            # With out given, the dispatch's handle and topk_idx: the tensors are checked natively (combine_tensors).
+            (lambda: buf.low_latency_combine(y.float(), topk, w, good, out=good_out), 'x must have dtype'),
+            (lambda: buf.low_latency_combine(y.transpose(1, 2).contiguous().transpose(1, 2), topk, w, good,
+                                             out=good_out), 'x must be contiguous'),
+            (lambda: buf.low_latency_combine(y[:, :-1], topk, w, good, out=good_out), 'x must have shape'),
+            (lambda: buf.low_latency_combine(y.tolist(), topk, w, good, out=good_out), 'x must be a torch.Tensor'),
+            (lambda: buf.low_latency_combine(y, topk, w[:, :-1], good, out=good_out), 'topk_weights must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w.double(), good, out=good_out), 'topk_weights must have dtype'),
+            (lambda: buf.low_latency_combine(y, topk, w, good, out=good_out.float()), 'out must have dtype'),
+            (lambda: buf.low_latency_combine(y, topk, w, good, out=good_out[:1]), 'out must have shape'),
+            (lambda: buf.low_latency_combine(y, topk, w, good, out=good_out.to('meta')), 'out is on meta'),
+            (lambda: buf.low_latency_combine(y, topk, w, good, out=good_out,
+                                             combine_wait_recv_cost_stats=torch.zeros(R, dtype=torch.int32)),
+             'combine_wait_recv_cost_stats must have dtype')):
         with pytest.raises(ValueError, match=message):
             bad_call()
     # Nothing above was sent: the buffer still works, also for a caller that set a default device (torch function
