@@ -89,8 +89,6 @@ def main():
     res['native combine (addresses ready)'] = _timed(lambda: rt.combine(
         y.data_ptr(), False, topk.data_ptr(), w.data_ptr(), T, K, hd[1].data_ptr(), out.data_ptr(), 0, 0, False,
         False, stream), args.iters)
-    res['native combine_tensors (checks in C)'] = _timed(lambda: rt.combine_tensors(
-        y, False, topk, w, hd[1], out, None, 0, False, False, stream, buf._tensor_spec), args.iters)
     res['llep low_latency_dispatch'] = _timed(lambda: buf.low_latency_dispatch(x, topk, T, E), args.iters)
     res['llep low_latency_combine'] = _timed(lambda: buf.low_latency_combine(y, topk, w, hd, out=out), args.iters)
     res['llep low_latency_combine (no out=)'] = _timed(lambda: buf.low_latency_combine(y, topk, w, hd), args.iters)

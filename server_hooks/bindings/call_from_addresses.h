@@ -1,7 +1,7 @@
-// The native entry points of a call: DispatchCall / CombineCall (runtime/protocol/ll_call.h) built from the integer
-// addresses llep/buffer.py passes, bound once for both backends (call_methods.h DefCallMethods), so their dispatch /
-// combine methods take the same arguments (the CPU backend ignores the stream handle) and llep/buffer.py has one call
-// path; a combine may instead pass its tensors themselves (call_from_tensors.h). Layer: server_hooks/bindings.
+// The one native entry point of a call: DispatchCall / CombineCall (runtime/protocol/ll_call.h) built from the
+// integer addresses llep/buffer.py passes (tensors never cross as torch objects), bound once for both backends
+// (DefCallMethods), so their dispatch / combine methods take the same arguments (the CPU backend ignores the stream
+// handle) and llep/buffer.py has one call path. Layer: server_hooks/bindings.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -71,9 +71,8 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
 /// false.
 class FastArgs {
  public:
-  /// `args` / `names` may start inside a call's vector: `first` arguments before them (error messages count them).
-  FastArgs(const char* method, const char* const* names, PyObject* const* args, Py_ssize_t n, Py_ssize_t first = 0)
-      : method_(method), names_(names), args_(args), n_(n), first_(first) {}
+  FastArgs(const char* method, const char* const* names, PyObject* const* args, Py_ssize_t n)
+      : method_(method), names_(names), args_(args), n_(n) {}
 
   /// Whether there are exactly `want` arguments (else the TypeError).
   bool Count(Py_ssize_t want) {
@@ -134,8 +133,8 @@ class FastArgs {
   PyObject* Next() { return args_[i_++]; }
   bool Fail(const char* what) {
     PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s() argument %zd (%s) must be %s, got %s", method_, first_ + i_, names_[i_ - 1],
-                 what, Py_TYPE(args_[i_ - 1])->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s() argument %zd (%s) must be %s, got %s", method_, i_, names_[i_ - 1], what,
+                 Py_TYPE(args_[i_ - 1])->tp_name);
     return false;
   }
 
@@ -143,7 +142,6 @@ class FastArgs {
   const char* const* names_;
   PyObject* const* args_;
   Py_ssize_t n_;
-  Py_ssize_t first_;
   Py_ssize_t i_ = 0;
 };
 
@@ -222,6 +220,33 @@ PyObject* FastCombine(PyObject* self, PyObject* const* args, Py_ssize_t n) {
         .release()
         .ptr();
   });
+}
+
+/// Defines `dispatch` and `combine` on a buffer binding whose Holder has
+///   pybind11::object Dispatch(const DispatchCall&, bool split, uintptr_t stream)
+///   pybind11::object Combine(const CombineCall&, bool split, uintptr_t stream)
+/// (the pending operation when split, the hook's; else None), as METH_FASTCALL method descriptors (FastArgs: the
+/// per-decode-step crossing), and the buffer's other calls through pybind11. The positional order is llep/buffer.py's.
+template <typename Holder, typename Class>
+void DefCallMethods(Class& cls) {
+  static PyMethodDef dispatch_def = {"dispatch",
+                                     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastDispatch<Holder>)),
+                                     METH_FASTCALL, "Queues a dispatch (positional, see FastDispatch)."};
+  static PyMethodDef combine_def = {"combine",
+                                    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastCombine<Holder>)),
+                                    METH_FASTCALL, "Queues a combine (positional, see FastCombine)."};
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  for (PyMethodDef* def : {&dispatch_def, &combine_def}) {
+    PyObject* descr = PyDescr_NewMethod(type, def);
+    if (descr == nullptr) throw pybind11::error_already_set();
+    cls.attr(def->ml_name) = pybind11::reinterpret_steal<pybind11::object>(descr);
+  }
+  // Rank masking and recovery (DeepEP's enable_shrink API and clean_low_latency_buffer); `mask_out` is the address
+  // of an int32 [num_ranks] tensor on the backend's device.
+  cls.def("clean", [](Holder& h, uintptr_t stream) { h.Clean(stream); });
+  cls.def("set_masked", [](Holder& h, int rank, bool masked, uintptr_t stream) { h.SetMasked(rank, masked, stream); });
+  cls.def("query_masks", [](Holder& h, uintptr_t mask_out, uintptr_t stream) { h.QueryMasks(mask_out, stream); });
+  cls.def("clear_masks", [](Holder& h, uintptr_t stream) { h.ClearMasks(stream); });
 }
 
 }  // namespace llep::bindings

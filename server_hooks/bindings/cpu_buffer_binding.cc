@@ -13,7 +13,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/cpu_buffer.h"
 #include "server_hooks/bindings/buffer_holder.h"
-#include "server_hooks/bindings/call_methods.h"
+#include "server_hooks/bindings/call_from_addresses.h"
 #include "server_hooks/bindings/status_to_python.h"
 
 namespace llep::bindings {
@@ -34,7 +34,7 @@ class PyCpuBuffer : public BufferHolder<CpuBuffer> {
     Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
-  // The backend interface both bindings share (call_methods.h DefCallMethods): the pending operation when
+  // The backend interface both bindings share (call_from_addresses.h DefCallMethods): the pending operation when
   // split (the hook's), else the receive phase runs at once and the result is None. The stream handle is unused here.
   py::object Dispatch(const DispatchCall& c, bool split, uintptr_t /*stream*/) {
     CpuBuffer* buf = Live();

@@ -12,7 +12,7 @@
 #include "runtime/bootstrap.h"
 #include "runtime/gpu_buffer.h"
 #include "server_hooks/bindings/buffer_holder.h"
-#include "server_hooks/bindings/call_methods.h"
+#include "server_hooks/bindings/call_from_addresses.h"
 #include "server_hooks/bindings/status_to_python.h"
 
 namespace llep::bindings {
@@ -40,7 +40,7 @@ class PyGpuBuffer : public BufferHolder<GpuBuffer> {
     Create(protocol::LlShape{T, H, E, R}, rank, std::move(allgather), opt);
   }
 
-  // The backend interface both bindings share (call_methods.h DefCallMethods): the pending operation when split (the
+  // The backend interface both bindings share (call_from_addresses.h): the pending operation when split (the
   // hook's), else None (nothing to hold: the receive phase is queued in the same launch).
   py::object Dispatch(const DispatchCall& c, bool split, uintptr_t stream) {
     return Pending(Live()->Dispatch(c, split, Stream(stream)), split);

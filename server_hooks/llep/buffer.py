@@ -210,7 +210,6 @@ class Buffer:
         self._dev_index = -1  # CUDA device index of the backend, -1 for the CPU backend
         self._out_specs: Dict[Tuple[bool, bool], _DispatchOutputs] = {}  # per (use_fp8, use_ue8m0)
         self._combine_specs: Tuple = ()  # combine's expected x / src_info / layout_range shapes
-        self._tensor_spec: Tuple = ()  # the same for combine_tensors (set with the layout)
         self._dispatched = False  # a combine needs a dispatch of this layout before it
         # layout_range addresses of dispatches whose receive hook has not run: their handle is not written yet.
         self._unreceived: set = set()
@@ -269,9 +268,6 @@ class Buffer:
         self._clear_pools()  # the outputs of another layout
         E_loc, rows = shape[2] // self.group_size, self.group_size * shape[0]
         self._combine_specs = ((E_loc, rows, shape[1]), (E_loc, rows), (E_loc, self.group_size))
-        # What combine_tensors checks against (server_hooks/bindings/call_from_tensors.h TensorSpec).
-        self._tensor_spec = (torch.Tensor, torch.bfloat16, torch.float32, torch.int64, self._dev_index, E_loc, rows,
-                             shape[1], self.group_size)
         port = int(self._options['metrics_port'])
         if port >= 0 and self._metrics:
             local = int(os.environ.get('LOCAL_RANK', self.rank))  # the launcher's variable, not an llep option
@@ -663,64 +659,48 @@ class Buffer:
             # The dispatch's own src_info / layout_range, and its topk_idx unchanged since (no in-place op moved its
             # version), were checked there: only their identities are compared (_HandleTokens.made).
             from_dispatch = made is not None and made[0] is src_info and made[1] is layout_range and made[2] is spec
-            topk_from_dispatch = from_dispatch and made[3] is topk_idx and topk_idx._version == made[4]
-            if topk_from_dispatch and out is not None and not self._unreceived:
-                # The usual call (the handle and topk_idx a dispatch's, out given): the tensors cross into C, which
-                # checks x, topk_weights, out and the statistics tensor as the path below does and launches
-                # (server_hooks/bindings/call_from_tensors.h); NotImplemented = a check failed, nothing queued.
-                op = runtime.combine_tensors(x, zero_copy, topk_idx, topk_weights, layout_range, out,
-                                             combine_wait_recv_cost_stats, T.plan_key, T.expert_reduced,
-                                             return_recv_hook,
-                                             self._stream() if dev_index < 0 or _raw_stream is None else
-                                             _raw_stream(dev_index), self._tensor_spec)
-                if op is NotImplemented:
-                    self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
-                                          combine_wait_recv_cost_stats)
+            if not ((from_dispatch and made[3] is topk_idx and topk_idx._version == made[4]) or
+                    _fast_ok(topk_idx, topk_idx_t, dev_index)) or len(topk_shape := topk_idx.shape) != 2:
+                self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
+                                      combine_wait_recv_cost_stats)
+            num_tokens = topk_shape[0]
+            # _fast_ok written out for the three tensors of every combine (one Python call each fewer).
+            cpu = dev_index < 0
+            if not (isinstance(topk_weights, _Tensor) and topk_weights.dtype is _F32 and
+                    topk_weights.is_contiguous() and topk_weights.get_device() == dev_index and
+                    (not cpu or topk_weights.is_cpu) and topk_weights.shape == topk_shape and
+                    (zero_copy or (isinstance(x, _Tensor) and x.dtype is _BF16 and x.is_contiguous() and
+                                   x.get_device() == dev_index and (not cpu or x.is_cpu) and x.shape == spec[0])) and
+                    (from_dispatch or
+                     (_fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
+                      _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
+                    (out is None or
+                     (isinstance(out, _Tensor) and out.dtype is _BF16 and out.is_contiguous() and
+                      out.get_device() == dev_index and (not cpu or out.is_cpu) and
+                      out.shape == (num_tokens, hidden))) and
+                    (combine_wait_recv_cost_stats is None or
+                     _fast_ok_shape(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index))):
+                self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
+                                      combine_wait_recv_cost_stats)
+            layout_range_ptr = layout_range.data_ptr()
+            if self._unreceived and layout_range_ptr in self._unreceived:
+                raise _llep.LlepFailedPreconditionError(
+                    'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
+                    'hook before combining')
+            stream = self._stream() if cpu or _raw_stream is None else _raw_stream(dev_index)
+            if out is None:
+                (out,), (out_ptr,) = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out,
+                                                   topk_weights, num_tokens, hidden)
             else:
-                # The same checks in Python (out=None takes a pooled one; another topk_idx or handle is checked too).
-                if not (topk_from_dispatch or _fast_ok(topk_idx, topk_idx_t, dev_index)) or \
-                        len(topk_shape := topk_idx.shape) != 2:
-                    self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
-                                          combine_wait_recv_cost_stats)
-                num_tokens = topk_shape[0]
-                # _fast_ok written out for the three tensors of every combine (one Python call each fewer).
-                cpu = dev_index < 0
-                if not (isinstance(topk_weights, _Tensor) and topk_weights.dtype is _F32 and
-                        topk_weights.is_contiguous() and topk_weights.get_device() == dev_index and
-                        (not cpu or topk_weights.is_cpu) and topk_weights.shape == topk_shape and
-                        (zero_copy or (isinstance(x, _Tensor) and x.dtype is _BF16 and x.is_contiguous() and
-                                       x.get_device() == dev_index and (not cpu or x.is_cpu) and
-                                       x.shape == spec[0])) and
-                        (from_dispatch or
-                         (_fast_ok(src_info, torch.int32, dev_index) and src_info.shape == spec[1] and
-                          _fast_ok(layout_range, torch.int64, dev_index) and layout_range.shape == spec[2])) and
-                        (out is None or
-                         (isinstance(out, _Tensor) and out.dtype is _BF16 and out.is_contiguous() and
-                          out.get_device() == dev_index and (not cpu or out.is_cpu) and
-                          out.shape == (num_tokens, hidden))) and
-                        (combine_wait_recv_cost_stats is None or
-                         _fast_ok_shape(combine_wait_recv_cost_stats, torch.int64, (self.group_size,), dev_index))):
-                    self._explain_combine(x, zero_copy, topk_idx, topk_weights, src_info, layout_range, out,
-                                          combine_wait_recv_cost_stats)
-                layout_range_ptr = layout_range.data_ptr()
-                if self._unreceived and layout_range_ptr in self._unreceived:
-                    raise _llep.LlepFailedPreconditionError(
-                        'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
-                        'hook before combining')
-                stream = self._stream() if cpu or _raw_stream is None else _raw_stream(dev_index)
-                if out is None:
-                    (out,), (out_ptr,) = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out,
-                                                       topk_weights, num_tokens, hidden)
-                else:
-                    out_ptr = out.data_ptr()
-                if made is not None:
-                    plan_key, expert_reduced = T.plan_key, T.expert_reduced
-                else:  # a handle rebuilt around a plain int: no kept plan
-                    plan_key, expert_reduced = getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False)
-                wait_ptr = 0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr()
-                op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
-                                     topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr, out_ptr,
-                                     wait_ptr, plan_key, expert_reduced, return_recv_hook, stream)
+                out_ptr = out.data_ptr()
+            if made is not None:
+                plan_key, expert_reduced = T.plan_key, T.expert_reduced
+            else:  # a handle rebuilt around a plain int: no kept plan
+                plan_key, expert_reduced = getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False)
+            op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
+                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr, out_ptr,
+                                 0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
+                                 plan_key, expert_reduced, return_recv_hook, stream)
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,

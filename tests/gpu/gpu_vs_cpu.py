@@ -147,8 +147,8 @@ def _run(buf, x, topk, w, y, T, E, mode, hook, zero_copy, logfmt, stats, wait_d,
         event.current_stream_wait()
     if zero_copy:
         buf.get_next_low_latency_combine_buffer(handle)[:] = y
-    # With hooks the caller passes out (vLLM does): the combine's tensors then cross into C and are checked there
-    # (combine_tensors); without, the output comes from the pool (SGLang passes none).
+    # With hooks the caller passes out (vLLM does): the combine writes there; without, the output comes from the
+    # pool (SGLang passes none).
     given = torch.full((x.size(0), x.size(1)), float('nan'), dtype=torch.bfloat16, device=x.device) if hook else None
     out, cevent, ch = buf.low_latency_combine(y, topk, w, handle, use_logfmt=logfmt, zero_copy=zero_copy,
                                               async_finish=not hook, return_recv_hook=hook,

@@ -296,7 +296,7 @@ def _cases(c: Ctx) -> List[Case]:
              'out must have shape'),
         Case('combine_out_non_contiguous', lambda c: c.combine(out=torch.empty((H, n), **bf16).t()), IA,
              'out must be contiguous'),
-        # out given with the dispatch's handle and topk_idx: the checks are made in C (combine_tensors).
+        # out given with the dispatch's handle and topk_idx (vLLM's call): the other tensors are still checked.
         Case('combine_out_on_another_device', lambda c: c.combine(
             out=torch.empty((n, H), dtype=torch.bfloat16, device=other)), IA, 'out is on|has no data'),
         Case('combine_out_given_x_on_another_device', lambda c: c.combine(

@@ -297,7 +297,7 @@ def _worker(rank, port, provider):
                                                                                                           dtype=torch.int64)),
              'combine_wait_recv_cost_stats must have shape'),
             (lambda: buf.low_latency_combine(y, topk, w, list(good)), 'handle must be the 5-tuple'),
-            # With out given, the dispatch's handle and topk_idx: the tensors are checked natively (combine_tensors).
+            # With out given, the dispatch's handle and topk_idx (vLLM's call): the other tensors are still checked.
             (lambda: buf.low_latency_combine(y.float(), topk, w, good, out=good_out), 'x must have dtype'),
             (lambda: buf.low_latency_combine(y.transpose(1, 2).contiguous().transpose(1, 2), topk, w, good,
                                              out=good_out), 'x must be contiguous'),
