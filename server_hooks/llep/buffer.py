@@ -24,6 +24,7 @@ Environment: the LLEP_* options (backend, timeout, CTAs per launch, proxy transp
 metrics exporter) are listed with their defaults in one table, README "Options"; they are read by the native module
 (runtime/base/env.h) when the Buffer is created and passed to the backend as explicit arguments.
 """
+import functools
 import itertools
 import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
@@ -128,6 +129,16 @@ _NO_EVENT = EventOverlap(None, None)  # what a call without async_finish returns
 _Tensor, _BF16, _F32 = torch.Tensor, torch.bfloat16, torch.float32  # read per call: module names, not attributes
 
 
+def _no_stream() -> int:
+    """The CPU backend's stream handle (none)."""
+    return 0
+
+
+def _torch_stream(device: torch.device) -> int:
+    """The raw handle of `device`'s current stream where torch lacks _cuda_getCurrentRawStream."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class _ReceiveHook:
     """The receive hook low_latency_dispatch / low_latency_combine return with return_recv_hook=True: launches (GPU) or
     runs (CPU, releasing the GIL; safe from another thread, as vLLM's DBO does) the receive phase once. Holds the call's
@@ -146,7 +157,7 @@ class _ReceiveHook:
         if self._handle_key:
             self._buffer._unreceived.discard(self._handle_key)
         try:  # no tensor is touched here: no torch-function guard needed
-            self._runtime.receive(op, self._buffer._stream())
+            self._runtime.receive(op, self._buffer._stream_now())
         finally:
             self._keep = None
 
@@ -163,6 +174,7 @@ class Buffer:
 
     num_sms: int = 20
     _destroyed: bool = False  # class default too: a Buffer made without __init__ (tests) reads as not destroyed
+    _stream_now = staticmethod(_no_stream)  # the current stream's raw handle: bound per layout by _backend
 
     def __init__(self, group: Optional[dist.ProcessGroup], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
@@ -262,6 +274,13 @@ class Buffer:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
         self._dev_index = self._device.index if self._device.type == 'cuda' else -1
+        # The stream read of every call, bound once: torch's raw-handle function and the device (no Python frame).
+        if self._dev_index < 0:
+            self._stream_now = _no_stream
+        elif _raw_stream is not None:
+            self._stream_now = functools.partial(_raw_stream, self._dev_index)
+        else:
+            self._stream_now = functools.partial(_torch_stream, self._device)
         self._out_specs = {}
         self._dispatched = False
         self._unreceived.clear()
@@ -538,7 +557,7 @@ class Buffer:
             if len(x_shape) != 2:
                 raise _invalid('x must be a 2-D torch.Tensor [num_tokens, hidden]')
             num_tokens, hidden = x_shape
-            runtime = self.runtime
+            runtime = self.runtime  # _backend's per-call case, without the call
             if runtime is None or (num_max_dispatch_tokens_per_rank, hidden, num_experts) != self._shape:
                 runtime = self._backend(num_max_dispatch_tokens_per_rank, hidden, num_experts)
             dev_index = self._dev_index
@@ -557,7 +576,7 @@ class Buffer:
                                                  combine_weights.shape == topk_shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
-            stream = self._stream() if cpu or _raw_stream is None else _raw_stream(dev_index)
+            stream = self._stream_now()
             (recv_x, scales, recv_count, src_info, layout_range), addr = self._outputs(
                 self._dispatch_pool, (use_fp8, use_ue8m0, stream), _new_dispatch_outputs, x, out, use_fp8)
             layout_range_ptr = addr[4]
@@ -646,7 +665,7 @@ class Buffer:
             no_tf = _NoTorchFunction()
             no_tf.__enter__()
         try:
-            runtime = self.runtime
+            runtime = self.runtime  # _backend's per-call case, without the call
             if runtime is None or (T, hidden, num_experts) != self._shape:
                 runtime = self._backend(T, hidden, num_experts)
             dev_index = self._dev_index
@@ -655,7 +674,7 @@ class Buffer:
                 raise _llep.LlepFailedPreconditionError(
                     'low_latency_combine before any low_latency_dispatch of this layout: pass the handle a dispatch '
                     'returned')
-            made = T.made if type(T) is _HandleTokens else None
+            made = getattr(T, 'made', None)
             # The dispatch's own src_info / layout_range, and its topk_idx unchanged since (no in-place op moved its
             # version), were checked there: only their identities are compared (_HandleTokens.made).
             from_dispatch = made is not None and made[0] is src_info and made[1] is layout_range and made[2] is spec
@@ -687,20 +706,17 @@ class Buffer:
                 raise _llep.LlepFailedPreconditionError(
                     'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
                     'hook before combining')
-            stream = self._stream() if cpu or _raw_stream is None else _raw_stream(dev_index)
+            stream = self._stream_now()
             if out is None:
                 (out,), (out_ptr,) = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out,
                                                    topk_weights, num_tokens, hidden)
             else:
                 out_ptr = out.data_ptr()
-            if made is not None:
-                plan_key, expert_reduced = T.plan_key, T.expert_reduced
-            else:  # a handle rebuilt around a plain int: no kept plan
-                plan_key, expert_reduced = getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False)
             op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
                                  topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr, out_ptr,
                                  0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
-                                 plan_key, expert_reduced, return_recv_hook, stream)
+                                 getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
+                                 stream)
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,
@@ -730,13 +746,9 @@ class Buffer:
         raise _invalid('combine arguments are inconsistent')
 
     def _stream(self) -> int:
-        """The raw handle of the current stream of this buffer's device (0 on the CPU backend). The per-call paths
-        make the raw read themselves (one Python call fewer)."""
-        if self._dev_index < 0:
-            return 0
-        if _raw_stream is not None:
-            return _raw_stream(self._dev_index)
-        return torch.cuda.current_stream(self._device).cuda_stream
+        """The raw handle of the current stream of this buffer's device (0 on the CPU backend): _stream_now, which
+        the per-call paths call directly."""
+        return self._stream_now()
 
     def _event_or_hook(self, runtime: Any, op: Any, return_recv_hook: bool,
                        keep: Tuple) -> Tuple[EventOverlap, Optional[Callable[[], None]]]:
