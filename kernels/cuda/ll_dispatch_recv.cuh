@@ -65,7 +65,8 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 ///     are the counts;
 ///  3. copies messages (one per (token, rank)) to their rows. A warp finds its message's source by a warp scan over
 ///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy), and each selection's
-///     lane its row by summing the counts of the sources before the message's.
+///     lane its row by summing the counts of the sources before the message's. With one item per CTA (small T) the
+///     CTA's warps share its rows.
 /// Tried (bench/RESULTS.md session 17): each selection's lane loading the counts it needs from global memory after
 /// the header (a dependent load: as slow as the table), and the first message's loads issued before the table (held
 /// in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).
@@ -203,12 +204,22 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   while ((kRecvCopyRegs << lg) < slices) ++lg;
   while ((2 << lg) <= slices && (total << (lg + 1)) <= G_items) ++lg;
   const int items = total << lg;
+  // With at most one item per CTA (T <= 32 at EP2) the CTA's other warps join its item: 2^lw warps (up to top-k and
+  // the CTA's warps) each load and check the item and store every 2^lw-th of its selections' rows, so the rows are
+  // stored in parallel instead of one after another by one warp (T=1, EP2: 16 items of ~4 rows; the item CTAs ended
+  // 0.3 us earlier, the receive 6.1-6.3 -> 5.7-6.0 us, bench/RESULTS.md session 35). The item's warps are in one CTA,
+  // so the lines they all load come from its L1 after the first. With several items per CTA (T >= 128) every warp has
+  // an item already: no gain measured there, only repeated loads.
+  int lw = 0;
+  while (items <= G_items && (1 << lw) < kK && (2 << lw) <= kWarps) ++lw;
+  const int sub = warp & ((1 << lw) - 1);  // which of the item's warps this is
   const bool ue8m0 = p.mode.use_ue8m0;
   // recv_scales words per (local expert, row): H/512 or H/128 (num_packed_ue8m0, num_scales), as a shift: the
   // compiler turned the two constant divisions into one runtime division by the selected divisor.
   static_assert(protocol::kChannelsPerScale == 128 && protocol::kChannelsPerPackedUe8m0 == 512);
   const int scales_per_row = static_cast<int>(static_cast<unsigned>(H) >> (ue8m0 ? 9 : 7));
-  for (int item = blockIdx.x < G_items ? warp * G_items + blockIdx.x : items; item < items; item += G_items * kWarps) {
+  for (int item = blockIdx.x < G_items ? (warp >> lw) * G_items + blockIdx.x : items; item < items;
+       item += G_items * (kWarps >> lw)) {
     const int m = item >> lg, s = item & ((1 << lg) - 1);
     const int q0 = (s * slices) >> lg, nq = (((s + 1) * slices) >> lg) - q0;  // the segment's slices
     const int64_t lo = int64_t{q0} * 512, seg_bytes = min(bytes - lo, int64_t{nq} * 512);
@@ -220,7 +231,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     // The header, the segment's bytes and its scales (and for the expert-side plan the message's weights row):
     // independent loads, issued together.
     const uint32_t word = lane < 20 ? reinterpret_cast<const uint32_t*>(hdr)[lane] : 0u;
-    const bool keeps = p.carries_weights && s == 0;  // the message's first item keeps its plan entry
+    const bool lead = s == 0 && sub == 0;  // the message's first item's first warp records errors, writes src_info
+    const bool keeps = p.carries_weights && lead;  // and keeps the message's plan entry
     const uint32_t weight =
         keeps && lane < kK
             ? reinterpret_cast<const uint32_t*>(in + L.RouteWeightsOffset(L.RouteRecvOffset(half, src), j))[lane]
@@ -230,7 +242,6 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     const ScaleWord sw = fp8 ? LoadScaleWord(reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H)),
                                              scales_per_row, q0, nq, ue8m0)
                              : ScaleWord{};
-    const bool lead = s == 0;  // the message's first item records its errors and writes src_info
     const int src_token = static_cast<int>(gpu::WarpShfl(word, 0));
     const uint32_t w1 = gpu::WarpShfl(word, 1);
     const int num_sel = static_cast<int>(w1 & 0xFFFF);
@@ -277,7 +288,10 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
         reinterpret_cast<uint32_t*>(e + 16 + 4 * kK)[lane] = weight;
       }
     }
-    const unsigned targets = gpu::WarpBallot(my_row >= 0);
+    // This warp's rows: the selections with a row whose rank among them is sub modulo 2^lw.
+    const unsigned with_row = gpu::WarpBallot(my_row >= 0);
+    const unsigned targets =
+        gpu::WarpBallot(my_row >= 0 && (__popc(with_row & ((1u << lane) - 1)) & ((1 << lw) - 1)) == sub);
     // The segment goes through registers: loaded once, stored to every selection's row, with its scale words
     // (fp32: [E_loc, H/128, R*T]; packed UE8M0: int32 [E_loc, H/512, R*T], byte g % 4 of word g / 4 = group g).
     for (unsigned t = targets; t != 0; t &= t - 1) {
