@@ -207,7 +207,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // With at most one item per CTA (T <= 32 at EP2) the CTA's other warps join its item: 2^lw warps (up to top-k and
   // the CTA's warps) each load and check the item and store every 2^lw-th of its selections' rows, so the rows are
   // stored in parallel instead of one after another by one warp (T=1, EP2: 16 items of ~4 rows; the item CTAs ended
-  // 0.3 us earlier, the receive 6.1-6.3 -> 5.7-6.0 us, bench/RESULTS.md session 35). The item's warps are in one CTA,
+  // 0.3 us earlier, the receive 6.0-6.4 -> 5.9 us, bench/RESULTS.md session 35). The item's warps are in one CTA,
   // so the lines they all load come from its L1 after the first. With several items per CTA (T >= 128) every warp has
   // an item already: no gain measured there, only repeated loads.
   int lw = 0;
