@@ -157,7 +157,7 @@ class _ReceiveHook:
         if self._handle_key:
             self._buffer._unreceived.discard(self._handle_key)
         try:  # no tensor is touched here: no torch-function guard needed
-            self._runtime.receive(op, self._buffer._stream_now())
+            self._runtime.receive(op, self._buffer._stream())
         finally:
             self._keep = None
 
@@ -174,7 +174,9 @@ class Buffer:
 
     num_sms: int = 20
     _destroyed: bool = False  # class default too: a Buffer made without __init__ (tests) reads as not destroyed
-    _stream_now = staticmethod(_no_stream)  # the current stream's raw handle: bound per layout by _backend
+    # The raw handle of the current stream of this buffer's device (0 on the CPU backend): bound per layout by
+    # _backend to torch's raw-handle function and the device (no Python frame of ours per call).
+    _stream = staticmethod(_no_stream)
 
     def __init__(self, group: Optional[dist.ProcessGroup], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                  low_latency_mode: bool = False, num_qps_per_rank: int = 24,
@@ -274,13 +276,13 @@ class Buffer:
             raise _invalid(f'Buffer.backend must be "cuda" or "cpu", got {self.backend!r}')
         self._shape = shape
         self._dev_index = self._device.index if self._device.type == 'cuda' else -1
-        # The stream read of every call, bound once: torch's raw-handle function and the device (no Python frame).
+        # The stream read of every call (_stream), bound once.
         if self._dev_index < 0:
-            self._stream_now = _no_stream
+            self._stream = _no_stream
         elif _raw_stream is not None:
-            self._stream_now = functools.partial(_raw_stream, self._dev_index)
+            self._stream = functools.partial(_raw_stream, self._dev_index)
         else:
-            self._stream_now = functools.partial(_torch_stream, self._device)
+            self._stream = functools.partial(_torch_stream, self._device)
         self._out_specs = {}
         self._dispatched = False
         self._unreceived.clear()
@@ -576,7 +578,7 @@ class Buffer:
                                                  combine_weights.shape == topk_shape))):
                 self._explain_dispatch(x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                                        combine_weights)
-            stream = self._stream_now()
+            stream = self._stream()
             (recv_x, scales, recv_count, src_info, layout_range), addr = self._outputs(
                 self._dispatch_pool, (use_fp8, use_ue8m0, stream), _new_dispatch_outputs, x, out, use_fp8)
             layout_range_ptr = addr[4]
@@ -706,7 +708,7 @@ class Buffer:
                 raise _llep.LlepFailedPreconditionError(
                     'this handle\'s dispatch was not received yet (its layout_range is unwritten): run its receive '
                     'hook before combining')
-            stream = self._stream_now()
+            stream = self._stream()
             if out is None:
                 (out,), (out_ptr,) = self._outputs(self._combine_pool, (num_tokens, stream), _new_combine_out,
                                                    topk_weights, num_tokens, hidden)
@@ -744,11 +746,6 @@ class Buffer:
         if wait is not None:
             _check_tensor('combine_wait_recv_cost_stats', wait, torch.int64, (R,), dev)
         raise _invalid('combine arguments are inconsistent')
-
-    def _stream(self) -> int:
-        """The raw handle of the current stream of this buffer's device (0 on the CPU backend): _stream_now, which
-        the per-call paths call directly."""
-        return self._stream_now()
 
     def _event_or_hook(self, runtime: Any, op: Any, return_recv_hook: bool,
                        keep: Tuple) -> Tuple[EventOverlap, Optional[Callable[[], None]]]:
