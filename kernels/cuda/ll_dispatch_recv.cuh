@@ -204,14 +204,14 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   while ((kRecvCopyRegs << lg) < slices) ++lg;
   while ((2 << lg) <= slices && (total << (lg + 1)) <= G_items) ++lg;
   const int items = total << lg;
-  // With at most one item per CTA (T <= 32 at EP2) the CTA's other warps join its item: 2^lw warps (up to top-k and
-  // the CTA's warps) each load and check the item and store every 2^lw-th of its selections' rows, so the rows are
+  // With at most one item per CTA (T <= 32 at EP2) the CTA's other warps join its item: all 2^lw = 16 warps (top-k
+  // is at most 16) each load and check the item and store every 2^lw-th of its selections' rows, so the rows are
   // stored in parallel instead of one after another by one warp (T=1, EP2: 16 items of ~4 rows; the item CTAs ended
   // 0.3 us earlier, the receive 6.0-6.4 -> 5.9 us, bench/RESULTS.md session 35). The item's warps are in one CTA,
   // so the lines they all load come from its L1 after the first. With several items per CTA (T >= 128) every warp has
   // an item already: no gain measured there, only repeated loads.
-  int lw = 0;
-  while (items <= G_items && (1 << lw) < kK && (2 << lw) <= kWarps) ++lw;
+  static_assert(kWarps == 16 && kK >= kWarps, "lw: every warp of a CTA joins its item");
+  const int lw = items <= G_items ? 4 : 0;
   const int sub = warp & ((1 << lw) - 1);  // which of the item's warps this is
   const bool ue8m0 = p.mode.use_ue8m0;
   // recv_scales words per (local expert, row): H/512 or H/128 (num_packed_ue8m0, num_scales), as a shift: the
