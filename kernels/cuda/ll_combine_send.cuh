@@ -41,8 +41,8 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   const auto count = [&](int d) { return msgs[d]; };
   const int total = WarpMessageTotal(count, R);
   const int chunks = (H + 255) / 256;
-  int lg = 0;
-  while (c.proxy_region == nullptr && (2 << lg) <= chunks && (total << (lg + 1)) <= G * kWarps) ++lg;
+  const int lg =
+      c.proxy_region == nullptr ? SplitLog2(total, G * kWarps, 0, FloorLog2(static_cast<uint32_t>(chunks))) : 0;
   // An item's message: its home rank d, token t, selections n, and lane i's row and weight of selection i. The warp's
   // first item is loaded before the gate opens (the plan is an earlier launch's; nothing is written before the gate).
   struct Item {

@@ -191,18 +191,20 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   // per CTA, not per warp: splitting down to a warp per slice at T=128 (1 rank) cost the dispatch kernel 7 %
   // (re-read headers, more warps fetching cold code), bench/RESULTS.md session 14.
   const int total = WarpMessageTotal(messages, R);
-  const int64_t bytes = fp8 ? H : int64_t{2} * H;
-  const int slices = static_cast<int>((bytes + 511) / 512);
+  // A payload's bytes and its segments' offsets in 32 bits (H <= protocol::kMaxHidden: at most 128 KiB): 64-bit
+  // arithmetic is two instructions for one on a path the small-T receive runs once, cold.
+  static_assert(int64_t{2} * protocol::kMaxHidden + 511 <= INT32_MAX, "a payload's byte offsets fit 32 bits");
+  const int bytes = fp8 ? H : 2 * H;
+  const int slices = (bytes + 511) >> 9;
   // 2^lg segments per message: the fewest with at most kRecvCopyRegs slices each (one copy pass, its loads issued
-  // with the header's), doubled while they stay within the slices and one item per CTA. A power of two, so an item
-  // splits into (message, segment) and a segment into slices by shifts: the runtime divisions did that in ~100
+  // with the header's), doubled while they stay within the slices and one item per CTA (SplitLog2). A power of two, so
+  // an item splits into (message, segment) and a segment into slices by shifts: the runtime divisions did that in ~100
   // instructions, run once per item from a cold instruction cache (bench/RESULTS.md session 22).
   // Items go to the CTAs before G-2 (all of them below 4): CTA G-1 builds the table and writes the handle and CTA G-2
   // bins the metrics (BinningCta) before their first item could start.
   const int G_items = G >= 4 ? G - 2 : G;
-  int lg = 0;
-  while ((kRecvCopyRegs << lg) < slices) ++lg;
-  while ((2 << lg) <= slices && (total << (lg + 1)) <= G_items) ++lg;
+  const int lg0 = CeilLog2(static_cast<uint32_t>((slices + kRecvCopyRegs - 1) / kRecvCopyRegs));
+  const int lg = SplitLog2(total, G_items, lg0, FloorLog2(static_cast<uint32_t>(slices)));
   const int items = total << lg;
   // With at most one item per CTA (T <= 32 at EP2) the CTA's other warps join its item: all 2^lw = 16 warps (top-k
   // is at most 16) each load and check the item and store every 2^lw-th of its selections' rows, so the rows are
@@ -222,7 +224,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
        item += G_items * (kWarps >> lw)) {
     const int m = item >> lg, s = item & ((1 << lg) - 1);
     const int q0 = (s * slices) >> lg, nq = (((s + 1) * slices) >> lg) - q0;  // the segment's slices
-    const int64_t lo = int64_t{q0} * 512, seg_bytes = min(bytes - lo, int64_t{nq} * 512);
+    const int lo = q0 * 512, seg_bytes = min(bytes - lo, nq * 512);
     const MessageRef ref = LocateMessage(messages, R, m);
     const int src = ref.src, j = ref.j;
     const uint8_t* in = SrcBase(c, src);
@@ -238,7 +240,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
             ? reinterpret_cast<const uint32_t*>(in + L.RouteWeightsOffset(L.RouteRecvOffset(half, src), j))[lane]
             : 0u;
     uint4 v[kRecvCopyRegs];
-    LoadCopyPass(payload + lo, static_cast<int>(seg_bytes), v);
+    LoadCopyPass(payload + lo, seg_bytes, v);
     const ScaleWord sw = fp8 ? LoadScaleWord(reinterpret_cast<const float*>(payload + protocol::Fp8ScalesOffset(H)),
                                              scales_per_row, q0, nq, ue8m0)
                              : ScaleWord{};
@@ -297,7 +299,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     for (unsigned t = targets; t != 0; t &= t - 1) {
       const int i_sel = __ffs(t) - 1;
       const int64_t row = gpu::WarpShfl(my_row, i_sel);
-      StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, static_cast<int>(seg_bytes), v);
+      StoreCopyPass(static_cast<uint8_t*>(p.recv_x) + row * bytes + lo, seg_bytes, v);
       const int le = gpu::WarpShfl(my_le, i_sel), rr = gpu::WarpShfl(my_rr, i_sel);
       if (sw.w >= 0) static_cast<uint32_t*>(p.recv_scales)[(int64_t{le} * scales_per_row + sw.w) * rows + rr] = sw.bits;
     }

@@ -256,6 +256,26 @@ struct DispatchParams : protocol::DispatchCall {
   uint32_t call_tag = 0;  ///< unique per host send (never 0); a split operation's receive launch carries it too
 };
 
+/// floor(log2(x)), x >= 1.
+LLEP_HD int FloorLog2(uint32_t x) { return 31 - __builtin_clz(x); }
+/// ceil(log2(x)), x >= 1.
+LLEP_HD int CeilLog2(uint32_t x) { return x <= 1 ? 0 : FloorLog2(x - 1) + 1; }
+
+/// How often a phase splits each of `total` messages (2^lg parts, lo <= lg, and lg <= cap unless lo is above it): the
+/// most parts that keep total << lg within `budget` (its CTAs or warps), at least 2^lo. The closed form of
+/// `lg = lo; while (lg < cap && (total << (lg + 1)) <= budget) ++lg;`, a loop a small-T launch ran once per warp
+/// from a cold instruction cache (the dispatch receive's segments, the expert-side combine send's chunks;
+/// bench/RESULTS.md session 36).
+LLEP_HD int SplitLog2(int total, int budget, int lo, int cap) {
+  int fit = cap;
+  if (total > 0) {
+    fit = budget >= 1 ? FloorLog2(static_cast<uint32_t>(budget)) - FloorLog2(static_cast<uint32_t>(total)) : -1;
+    if (fit > 0 && (total << fit) > budget) --fit;  // total << fit <= 2 * budget: no overflow
+  }
+  const int lg = cap < fit ? cap : fit;
+  return lg > lo ? lg : lo;
+}
+
 /// How a combine receive deals its tokens to CTAs, from (hidden, num_tokens, CTAs): PlanCombineRecvSplit on the host,
 /// once per call, so the receive divides by multiplying (fast_div.h) instead of running five runtime integer divisions
 /// from a cold instruction cache in every CTA. A token's 256-channel chunks are split over `segs` CTAs when there are

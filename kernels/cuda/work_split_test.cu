@@ -1,5 +1,6 @@
-// CombineRecvSplit (ll_kernels.h): the host-made split the combine receive divides with. Host-only: it runs wherever
-// this binary builds, device or not.
+// The kernels' work splits (ll_kernels.h): CombineRecvSplit, the host-made split the combine receive divides with,
+// and SplitLog2, the closed form the dispatch receive and the expert-side combine send split messages with. Host-only:
+// it runs wherever this binary builds, device or not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,6 +44,34 @@ TEST(CombineRecvSplit, EqualsPlainDivisionAndCoversEveryChunkOnce) {
           reduced += mine * ch_count;
         }
         ASSERT_EQ(reduced, T * chunks) << "H=" << hidden << " G=" << G << " T=" << T;
+      }
+    }
+  }
+}
+
+// FloorLog2 / CeilLog2 equal plain counts of halvings / doublings, and SplitLog2 equals the loop it replaced
+// (lg from lo, doubled while 2 << lg stays within the pieces and total << (lg + 1) within the budget) for every total,
+// budget, pieces and lo in ranges beyond what a launch meets: totals up to 2048 messages, budgets of CTAs and of CTAs x
+// 16 warps, up to 64 pieces (a 128 KiB payload's 256 slices are never split further than that).
+TEST(SplitLog2, EqualsTheDoublingLoop) {
+  for (uint32_t x = 1; x < (1u << 20); x = x * 3 / 2 + 1) {
+    int halvings = 0, doublings = 0;
+    for (uint32_t y = x; y > 1; y >>= 1) ++halvings;
+    while ((uint64_t{1} << doublings) < x) ++doublings;
+    ASSERT_EQ(FloorLog2(x), halvings) << x;
+    ASSERT_EQ(CeilLog2(x), doublings) << x;
+  }
+  ASSERT_EQ(FloorLog2(0xFFFFFFFFu), 31);
+  ASSERT_EQ(CeilLog2(0x80000000u), 31);
+  for (int total = 0; total <= 2048; total += total < 64 ? 1 : 37) {
+    for (int budget : {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 63, 64, 100, 128, 130, 131, 132, 256, 2080, 2112, 4096}) {
+      for (int pieces = 1; pieces <= 64; ++pieces) {
+        for (int lo = 0; lo <= 4; ++lo) {
+          int lg = lo;
+          while ((2 << lg) <= pieces && (total << (lg + 1)) <= budget) ++lg;
+          ASSERT_EQ(SplitLog2(total, budget, lo, FloorLog2(static_cast<uint32_t>(pieces))), lg)
+              << "total=" << total << " budget=" << budget << " pieces=" << pieces << " lo=" << lo;
+        }
       }
     }
   }
