@@ -1,6 +1,7 @@
 // The graph-safe call state of a launch (LlCallState in ll_kernels.h), read while the phase's first work runs.
-// Part of the one translation unit kernels/cuda/ll_kernels.cu (included by the phase parts; each part reopens the same
-// private namespace): split by concern so a reader can hold each part; the generated code is that of one file.
+// Part of the kernels' device code (included by the phase parts, which ll_run_phases.cuh includes into ll_kernels.cu
+// and ll_kernels_recv.cu; each part reopens the same private namespace): split by concern so a reader can hold each
+// part.
 //
 // Why a gate: which call a launch runs (its sequence number, so its half) is decided on the device by the CTA's launch
 // count and two record loads per CTA, a global round trip (~1.5 us per launch on H100, bench/RESULTS.md). Much of a

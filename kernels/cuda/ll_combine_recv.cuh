@@ -1,7 +1,8 @@
 // The combine receive phase: the deterministic fp32 top-k reduction of the returned rows (CombineRecv), or of the
 // expert ranks' reduced rows for an expert-side combine (kernels/EXPERT_SIDE_COMBINE.md).
-// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
-// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
+// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
+// a reader can hold each part.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"

@@ -1,8 +1,9 @@
 // The combine send phase: the rows of each (local expert, home rank) block back to their tokens' ranks (CombineSend),
 // and the expert-side combine's send, one reduced row per (token, rank) (CombineSendReduced,
 // kernels/EXPERT_SIDE_COMBINE.md).
-// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
-// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
+// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
+// a reader can hold each part.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"

@@ -1,7 +1,8 @@
 // What every phase of the low-latency kernels uses: launch constants, the memory model, error records, proxy FIFO
 // pushes, metrics stamps, and the signal protocol (waiting for sources, completion counters, publishing).
-// Part of the one translation unit kernels/cuda/ll_kernels.cu (included only there; each part reopens the same private
-// namespace): split by phase so a reader can hold each part; the generated code is that of one file.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
+// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
+// a reader can hold each part.
 #pragma once
 
 #include <cstddef>

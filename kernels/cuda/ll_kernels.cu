@@ -29,22 +29,18 @@
 // Signals: per destination, the CTA that knows the message count polls the completion counter and publishes the
 // signal word (PublishWhenDone).
 //
-// Files (one translation unit): ll_device_common.cuh (constants, memory model, errors, proxy pushes, metrics stamps,
-// signal waits and publishing), ll_call_gate.cuh (the graph-safe call state, read while a phase's first work runs),
-// ll_routing.cuh (topk validation, token plans, scans, bf16 sums, FP8 encoder), ll_dispatch_send.cuh,
-// ll_dispatch_recv.cuh, ll_combine_send.cuh and ll_combine_recv.cuh (the phases), and this file (the two kernels, the
-// launchers). The same sources build for AMD GPUs with hipcc (LLEP_GPU=hip): runtime/protocol/gpu_port.h maps the
-// device intrinsics, runtime/protocol/gpu_api.h the runtime API; kernels/HIP_PORT.md.
+// Files: ll_device_common.cuh (constants, memory model, errors, proxy pushes, metrics stamps, signal waits and
+// publishing), ll_call_gate.cuh (the graph-safe call state, read while a phase's first work runs), ll_routing.cuh
+// (topk validation, token plans, scans, bf16 sums, FP8 encoder), ll_dispatch_send.cuh, ll_dispatch_recv.cuh,
+// ll_combine_send.cuh and ll_combine_recv.cuh (the phases), ll_run_phases.cuh (a launch's phases behind the gate),
+// this file (the two kernels, the launchers) and ll_kernels_recv.cu (the same two kernels compiled for a receive-only
+// launch: ll_kernels.h). Two translation units, each including the parts. The same sources build for AMD GPUs with
+// hipcc (LLEP_GPU=hip): runtime/protocol/gpu_port.h maps the device intrinsics, runtime/protocol/gpu_api.h the runtime
+// API; kernels/HIP_PORT.md.
 #include <algorithm>
 
-#include "kernels/cuda/ll_call_gate.cuh"
-#include "kernels/cuda/ll_combine_recv.cuh"
-#include "kernels/cuda/ll_combine_send.cuh"
-#include "kernels/cuda/ll_device_common.cuh"
-#include "kernels/cuda/ll_dispatch_recv.cuh"
-#include "kernels/cuda/ll_dispatch_send.cuh"
 #include "kernels/cuda/ll_kernels.h"
-#include "kernels/cuda/ll_routing.cuh"
+#include "kernels/cuda/ll_run_phases.cuh"
 
 // The driver's launch (ResolveLlLaunch): its types; the entry point comes from the runtime. (LLEP_GPU_HIP is set by
 // runtime/protocol/gpu_port.h, included above.)
@@ -53,38 +49,6 @@
 #endif
 
 namespace llep::kernels::cuda {
-namespace {
-
-/// A launch of one operation: its send phase, its receive phase, or both (kPhaseBoth), behind the call gate
-/// (ll_call_gate.cuh: each phase opens it where it first needs the call), with the metrics stamps around them. The
-/// two public kernels differ only in their phase functions.
-template <typename Params>
-__device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
-                                          void (*send)(const Params&, CallGate&, uint8_t*),
-                                          void (*recv)(const Params&, CallGate&, uint8_t*)) {
-  const LlDeviceContext& c = p.ctx;
-  Trace(c, op, kTraceEntered);
-  CallGate gate(c, op, phase, p.call_tag);
-  if (phase & kPhaseSend) {
-    send(p, gate, smem);
-    if (gate.Open() == 0) return;  // refused (recorded) or aborted: this launch did nothing
-    // Not thread 0: in the last CTA it polls a completion counter to publish a signal (CTA G-1-d publishes rank
-    // d's), and the record store need not wait for that (it only has to land before the launch ends).
-    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 32) TrackSend(c, op, phase, p.call_tag, gate.launch_index());
-  }
-  if (phase & kPhaseRecv) {
-    if (phase & kPhaseSend) {
-      __syncthreads();  // the receive phase reuses the send phase's shared memory
-      const uint32_t seq = gate.Open();
-      if (threadIdx.x == 0) StampRecvStart(c, seq, NowNs());
-    }
-    recv(p, gate, smem);
-    const uint32_t seq = gate.Open();
-    if (seq != 0) StampRecvEnd(c, seq);
-  }
-}
-
-}  // namespace
 
 // The two public kernels. Names are part of the contract (ll_kernels.h): demangled `llep::kernels::cuda::dispatch`
 // and `llep::kernels::cuda::combine`.
@@ -121,27 +85,36 @@ int64_t CombineSharedBytes(const protocol::LlShape& s) {
   return protocol::AlignUp(send > recv ? send : recv, 16);
 }
 
-#if defined(LLEP_GPU_HIP)
-// HIP's kernel-attribute calls take the kernel as an untyped pointer (CUDA's are templates over its type).
-#define LLEP_KERNEL_ARG(k) reinterpret_cast<const void*>(k)
-#else
-#define LLEP_KERNEL_ARG(k) k
-#endif
+namespace {
+/// Every kernel launched: the two of this file and their receive-only copies (ll_kernels_recv.cu), as the untyped
+/// pointers both CUDA's and HIP's attribute calls take.
+template <typename Fn>
+cudaError_t ForEachKernel(Fn&& fn) {
+  const void* const all[] = {reinterpret_cast<const void*>(dispatch), reinterpret_cast<const void*>(combine),
+                             reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
+                             reinterpret_cast<const void*>(ReceiveOnlyCombineKernel())};
+  for (const void* k : all) {
+    const cudaError_t e = fn(k);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+}  // namespace
 
 cudaError_t ConfigureLlKernels(int64_t bytes) {
-  cudaError_t e = cudaFuncSetAttribute(LLEP_KERNEL_ARG(dispatch), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(LLEP_KERNEL_ARG(combine), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
+  return ForEachKernel([&](const void* k) {
+    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  });
 }
 
 cudaError_t LlKernelsStaticSharedBytes(int64_t* bytes) {
-  cudaFuncAttributes d{}, c{};
-  cudaError_t e = cudaFuncGetAttributes(&d, LLEP_KERNEL_ARG(dispatch));
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&c, LLEP_KERNEL_ARG(combine));
-  *bytes = static_cast<int64_t>(d.sharedSizeBytes > c.sharedSizeBytes ? d.sharedSizeBytes : c.sharedSizeBytes);
-  return e;
+  *bytes = 0;
+  return ForEachKernel([&](const void* k) {
+    cudaFuncAttributes a{};
+    const cudaError_t e = cudaFuncGetAttributes(&a, k);
+    *bytes = std::max(*bytes, static_cast<int64_t>(a.sharedSizeBytes));
+    return e;
+  });
 }
 
 #if defined(LLEP_GPU_HIP)
@@ -158,11 +131,15 @@ cudaError_t ResolveLlLaunch(LlLaunchHandles* out) {
   cudaDriverEntryPointQueryResult found{};
   cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &h.launch, 12000, cudaEnableDefault, &found);
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || h.launch == nullptr) return e;
-  cudaFunction_t f = nullptr;
-  if ((e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(dispatch))) != cudaSuccess) return e;
-  h.dispatch = f;
-  if ((e = cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(combine))) != cudaSuccess) return e;
-  h.combine = f;
+  const void* const kernels[] = {reinterpret_cast<const void*>(dispatch), reinterpret_cast<const void*>(combine),
+                                 reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
+                                 reinterpret_cast<const void*>(ReceiveOnlyCombineKernel())};
+  void** const handles[] = {&h.dispatch, &h.combine, &h.dispatch_recv, &h.combine_recv};
+  for (int i = 0; i < 4; ++i) {
+    cudaFunction_t f = nullptr;
+    if ((e = cudaGetFuncBySymbol(&f, kernels[i])) != cudaSuccess) return e;
+    *handles[i] = f;
+  }
   *out = h;
   return cudaSuccess;
 }
@@ -229,7 +206,10 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), void* driver_fn, const Params&
 }  // namespace
 
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
-  return LaunchLl(dispatch, cfg.handles != nullptr ? cfg.handles->dispatch : nullptr, p, phase, cfg,
+  const bool recv_only = phase == kPhaseRecv;
+  void* const driver_fn =
+      cfg.handles == nullptr ? nullptr : (recv_only ? cfg.handles->dispatch_recv : cfg.handles->dispatch);
+  return LaunchLl(recv_only ? ReceiveOnlyDispatchKernel() : dispatch, driver_fn, p, phase, cfg,
                   DispatchSharedBytes(p.ctx.layout.shape), stream);
 }
 
@@ -247,7 +227,10 @@ CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) 
 
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
   if (p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;  // a split made for another grid
-  return LaunchLl(combine, cfg.handles != nullptr ? cfg.handles->combine : nullptr, p, phase, cfg,
+  const bool recv_only = phase == kPhaseRecv;
+  void* const driver_fn =
+      cfg.handles == nullptr ? nullptr : (recv_only ? cfg.handles->combine_recv : cfg.handles->combine);
+  return LaunchLl(recv_only ? ReceiveOnlyCombineKernel() : combine, driver_fn, p, phase, cfg,
                   CombineSharedBytes(p.ctx.layout.shape), stream);
 }
 

@@ -3,9 +3,11 @@
 // and calls the launchers; the kernels implement the same protocol as the CPU backend (kernels/host/ll_host.h)
 // on the same region layout (runtime/protocol/ll_layout.h), and GPU tests compare the two bit for bit.
 //
-// One kernel symbol per operation, the phase a runtime argument: the send and the receive phase of a receive
-// hook are two launches of the same symbol, so profilers that look for `::dispatch` / `::combine` see one row
-// each (shared/spec/deepep-ll-api.md §8.1). No other kernel carries those words.
+// One kernel name per operation, the phase a runtime argument: the send and the receive phase of a receive hook are
+// two launches of that name, so profilers that look for `::dispatch` / `::combine` see one row each
+// (shared/spec/deepep-ll-api.md §8.1). No other kernel carries those words. A receive-only launch runs a second
+// compilation of the same kernel (kernels/cuda/ll_kernels_recv.cu: internal linkage, the same name and signature,
+// the receive phase compiled alone, which is faster: that file says by how much).
 //
 // Two kinds of peer, mixed freely in one launch (runtime/topology.h decides):
 //  - NVLink peers: same-host ranks whose regions are mapped into this process (CUDA IPC); `peers[r]` is rank r's
@@ -335,9 +337,11 @@ inline constexpr int kZeroCopyHalf = 0;
 /// bench/RESULTS.md session 32): on every decode step's dispatch, combine and receive hook. Opaque pointers, so this
 /// header needs no driver header; all null (HIP, a driver without the entry point) means the runtime's launch.
 struct LlLaunchHandles {
-  void* launch = nullptr;    ///< the driver's cuLaunchKernelEx
-  void* dispatch = nullptr;  ///< CUfunction of `dispatch` in the current device's context
-  void* combine = nullptr;   ///< CUfunction of `combine`
+  void* launch = nullptr;         ///< the driver's cuLaunchKernelEx
+  void* dispatch = nullptr;       ///< CUfunction of `dispatch` in the current device's context
+  void* combine = nullptr;        ///< CUfunction of `combine`
+  void* dispatch_recv = nullptr;  ///< CUfunction of the receive-only `dispatch` (ll_kernels_recv.cu)
+  void* combine_recv = nullptr;   ///< CUfunction of the receive-only `combine`
 };
 /// Resolves the handles for the current device (after cudaSetDevice). An error leaves *out all null (runtime launches).
 cudaError_t ResolveLlLaunch(LlLaunchHandles* out);

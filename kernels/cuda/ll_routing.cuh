@@ -1,9 +1,9 @@
 // Routing of the low-latency kernels: the topk validation rule, the deterministic per-round token plan (rows in
 // (expert, source) blocks, message slots per destination), block scans, the combine's bf16 sums, and the FP8 encoder
 // the dispatch uses.
-// Part of the one translation unit kernels/cuda/ll_kernels.cu (included there, and by fp8_encoder_test.cu to test the
-// encoder itself; each part reopens the same private namespace): split by phase so a reader can hold each part; the
-// generated code is that of one file.
+// Part of the kernels' device code (included into ll_kernels.cu and ll_kernels_recv.cu through ll_run_phases.cuh, and
+// by fp8_encoder_test.cu to test the encoder itself; each part reopens the same private namespace): split by phase so
+// a reader can hold each part.
 #pragma once
 
 #include "kernels/codec/fp8.h"

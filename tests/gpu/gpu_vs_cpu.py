@@ -384,6 +384,41 @@ def _expert_side_uneven_batches(rank, R, gloo, log, backend='cuda'):
     log({'case': 'expert_side_uneven_and_empty_batches', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
 
 
+def _profiler_sees_one_kernel_per_op(rank, R, gloo, log):
+    """The kernel-naming contract as a profiler-based benchmark checks it (shared/spec/deepep-ll-api.md section 8.1;
+    DeepEP's bench_kineto): with hooks, the profiler's table has exactly one row naming `dispatch` and one naming
+    `combine`, and the trace holds a send and a receive launch of each per call, under `::dispatch` / `::combine`.
+    The receive-only launches run a second compilation of the kernels (kernels/cuda/ll_kernels_recv.cu) that must keep
+    the kernels' names."""
+    from torch.profiler import ProfilerActivity, profile
+    T, H, E, K, calls = 8, 2048, 16 * R, 8, 3
+    dev = torch.device('cuda', torch.cuda.current_device())
+    buf = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = 'cuda'
+    x, topk, w = (t.to(dev) for t in _inputs(rank, 90, T, H, E, K, 'random'))
+    y = _expert_out(rank, 90, E // R, R * T, H).to(dev)
+    _run(buf, x, topk, w, y, T, E, 'fp8', True, False, False, None, None, None)  # warm-up, outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            _run(buf, x, topk, w, y, T, E, 'fp8', True, False, False, None, None, None)
+        torch.cuda.synchronize()
+    buf.check_errors()
+    buf.destroy()
+    errs = []
+    table = prof.key_averages().table(sort_by='cuda_time_total', max_name_column_width=100).split('\n')
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    for word in ('dispatch', 'combine'):
+        rows = [ln.strip()[:100] for ln in table if word in ln]
+        if len(rows) != 1:
+            errs.append(f'{len(rows)} profiler table rows name {word!r} (want 1): {rows}')
+        launches = sum(f'::{word}' in n for n in names)
+        if launches != 2 * calls:
+            errs.append(f'{launches} launches named ::{word} in the trace (want {2 * calls}: a send and a receive '
+                        f'per call)')
+    log({'case': 'profiler_sees_one_kernel_per_op', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
+
+
 def _expect_input_error(buf, words):
     """check_errors must raise LlepInvalidArgumentError containing `words`; returns the mismatch, if any."""
     torch.cuda.synchronize()
@@ -490,6 +525,7 @@ def _worker(rank, R, port, cases, results_path, ranks_per_node):
             raise
     _carried_plan_cases(rank, R, gloo, log)
     _expert_side_uneven_batches(rank, R, gloo, log)
+    _profiler_sees_one_kernel_per_op(rank, R, gloo, log)
     os.environ['LLEP_TIMEOUT_S'] = '3'
     _error_cases(rank, R, gloo, log)
     dist.destroy_process_group()

@@ -1,0 +1,58 @@
+// The kernels' body (RunPhases) and the receive-only copies of the kernels, shared by the two translation units that
+// compile the kernels: kernels/cuda/ll_kernels.cu (the kernels every launch with a send phase runs, the launchers) and
+// kernels/cuda/ll_kernels_recv.cu (the same kernels compiled for a receive-only launch). Each includes the phase
+// parts; the device code of one is not shared with the other.
+#pragma once
+
+#include "kernels/cuda/ll_call_gate.cuh"
+#include "kernels/cuda/ll_combine_recv.cuh"
+#include "kernels/cuda/ll_combine_send.cuh"
+#include "kernels/cuda/ll_device_common.cuh"
+#include "kernels/cuda/ll_dispatch_recv.cuh"
+#include "kernels/cuda/ll_dispatch_send.cuh"
+#include "kernels/cuda/ll_kernels.h"
+#include "kernels/cuda/ll_routing.cuh"
+
+namespace llep::kernels::cuda {
+
+using DispatchKernelFn = void (*)(DispatchParams, int);
+using CombineKernelFn = void (*)(CombineParams, int);
+
+/// The kernels a receive-only launch (kPhaseRecv: a hook's receive) runs, from ll_kernels_recv.cu: the same names and
+/// signatures as the kernels of ll_kernels.cu, the receive phase compiled alone (ll_kernels.h says why).
+DispatchKernelFn ReceiveOnlyDispatchKernel();
+CombineKernelFn ReceiveOnlyCombineKernel();
+
+namespace {
+
+/// A launch of one operation: its send phase, its receive phase, or both (kPhaseBoth), behind the call gate
+/// (ll_call_gate.cuh: each phase opens it where it first needs the call), with the metrics stamps around them. The
+/// two public kernels differ only in their phase functions.
+template <typename Params>
+__device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
+                                          void (*send)(const Params&, CallGate&, uint8_t*),
+                                          void (*recv)(const Params&, CallGate&, uint8_t*)) {
+  const LlDeviceContext& c = p.ctx;
+  Trace(c, op, kTraceEntered);
+  CallGate gate(c, op, phase, p.call_tag);
+  if (phase & kPhaseSend) {
+    send(p, gate, smem);
+    if (gate.Open() == 0) return;  // refused (recorded) or aborted: this launch did nothing
+    // Not thread 0: in the last CTA it polls a completion counter to publish a signal (CTA G-1-d publishes rank
+    // d's), and the record store need not wait for that (it only has to land before the launch ends).
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 32) TrackSend(c, op, phase, p.call_tag, gate.launch_index());
+  }
+  if (phase & kPhaseRecv) {
+    if (phase & kPhaseSend) {
+      __syncthreads();  // the receive phase reuses the send phase's shared memory
+      const uint32_t seq = gate.Open();
+      if (threadIdx.x == 0) StampRecvStart(c, seq, NowNs());
+    }
+    recv(p, gate, smem);
+    const uint32_t seq = gate.Open();
+    if (seq != 0) StampRecvEnd(c, seq);
+  }
+}
+
+}  // namespace
+}  // namespace llep::kernels::cuda
