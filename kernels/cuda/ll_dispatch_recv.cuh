@@ -207,14 +207,15 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int lg0 = CeilLog2(static_cast<uint32_t>((slices + kRecvCopyRegs - 1) / kRecvCopyRegs));
   const int lg = SplitLog2(total, G_items, lg0, FloorLog2(static_cast<uint32_t>(slices)));
   const int items = total << lg;
-  // With at most one item per CTA (T <= 32 at EP2) the CTA's other warps join its item: all 2^lw = 16 warps (top-k
-  // is at most 16) each load and check the item and store every 2^lw-th of its selections' rows, so the rows are
-  // stored in parallel instead of one after another by one warp (T=1, EP2: 16 items of ~4 rows; the item CTAs ended
-  // 0.3 us earlier, the receive 6.0-6.4 -> 5.9 us, bench/RESULTS.md session 35). The item's warps are in one CTA,
-  // so the lines they all load come from its L1 after the first. With several items per CTA (T >= 128) every warp has
-  // an item already: no gain measured there, only repeated loads.
-  static_assert(kWarps == 16 && kK >= kWarps, "lw: every warp of a CTA joins its item");
-  const int lw = items <= G_items ? 4 : 0;
+  // With at most one item per CTA (T <= 32 at EP2) 2^lw = 4 of the CTA's warps share its item: each loads and checks
+  // the item and stores every 4th of its selections' rows, so the rows are stored in parallel instead of one after
+  // another by one warp (T=1, EP2: 16 items of ~4 rows; one warp -> all 16 warps took the receive 6.0-6.4 -> 5.9 us,
+  // bench/RESULTS.md session 35). 4 warps rather than 16: every warp of the item loads its header, segment and scales
+  // (the lines come from the CTA's L1 after the first), so 16 warps were 16 copies of the loads and of the cold code's
+  // fetches for ~4 rows: 16 -> 4 warps took the receive-only launch 5.3-5.9 -> 5.0-5.2 us at T=1 (session 37). With
+  // several items per CTA (T >= 128) every warp has an item already: no gain measured there, only repeated loads.
+  static_assert(kWarps % 4 == 0, "lw: the item's warps divide the CTA's");
+  const int lw = items <= G_items ? 2 : 0;
   const int sub = warp & ((1 << lw) - 1);  // which of the item's warps this is
   const bool ue8m0 = p.mode.use_ue8m0;
   // recv_scales words per (local expert, row): H/512 or H/128 (num_packed_ue8m0, num_scales), as a shift: the
