@@ -86,15 +86,16 @@ int64_t CombineSharedBytes(const protocol::LlShape& s) {
 }
 
 namespace {
-/// Every kernel launched: the two of this file and their receive-only copies (ll_kernels_recv.cu), as the untyped
-/// pointers both CUDA's and HIP's attribute calls take.
+/// Every kernel launched, as the untyped pointers both CUDA's and HIP's attribute calls take: this file's two, then
+/// their receive-only compilations (ll_kernels_recv.cu), in LlLaunchHandles' order. fn(index, kernel) for each, until
+/// one fails.
 template <typename Fn>
 cudaError_t ForEachKernel(Fn&& fn) {
   const void* const all[] = {reinterpret_cast<const void*>(dispatch), reinterpret_cast<const void*>(combine),
                              reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
                              reinterpret_cast<const void*>(ReceiveOnlyCombineKernel())};
-  for (const void* k : all) {
-    const cudaError_t e = fn(k);
+  for (int i = 0; i < 4; ++i) {
+    const cudaError_t e = fn(i, all[i]);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -102,14 +103,14 @@ cudaError_t ForEachKernel(Fn&& fn) {
 }  // namespace
 
 cudaError_t ConfigureLlKernels(int64_t bytes) {
-  return ForEachKernel([&](const void* k) {
+  return ForEachKernel([&](int, const void* k) {
     return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   });
 }
 
 cudaError_t LlKernelsStaticSharedBytes(int64_t* bytes) {
   *bytes = 0;
-  return ForEachKernel([&](const void* k) {
+  return ForEachKernel([&](int, const void* k) {
     cudaFuncAttributes a{};
     const cudaError_t e = cudaFuncGetAttributes(&a, k);
     *bytes = std::max(*bytes, static_cast<int64_t>(a.sharedSizeBytes));
@@ -131,15 +132,14 @@ cudaError_t ResolveLlLaunch(LlLaunchHandles* out) {
   cudaDriverEntryPointQueryResult found{};
   cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &h.launch, 12000, cudaEnableDefault, &found);
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || h.launch == nullptr) return e;
-  const void* const kernels[] = {reinterpret_cast<const void*>(dispatch), reinterpret_cast<const void*>(combine),
-                                 reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
-                                 reinterpret_cast<const void*>(ReceiveOnlyCombineKernel())};
   void** const handles[] = {&h.dispatch, &h.combine, &h.dispatch_recv, &h.combine_recv};
-  for (int i = 0; i < 4; ++i) {
+  e = ForEachKernel([&](int i, const void* k) {
     cudaFunction_t f = nullptr;
-    if ((e = cudaGetFuncBySymbol(&f, kernels[i])) != cudaSuccess) return e;
+    const cudaError_t r = cudaGetFuncBySymbol(&f, k);
     *handles[i] = f;
-  }
+    return r;
+  });
+  if (e != cudaSuccess) return e;
   *out = h;
   return cudaSuccess;
 }
