@@ -6,7 +6,7 @@
 // the receive phase was 3-4 us faster at T >= 128 on 2 x H100, the same run against the one kernel (hook dispatch
 // receive 11.0-11.8 -> 7.9-8.3 us at T=128, 15.0 -> 11.0 at T=256; combine receive 11.6-12.0 -> 10.7-10.8 at T=128)
 // and level or faster below; an inlined receive-only copy inside the one kernel gained nothing, so it is the separate
-// compilation, not the fixed phase, that counts. The price: the hook's send launch 0.2-0.4 us slower at T <= 128
+// compilation, not the fixed phase, that counts. The price: the hook's send launch 0.1-0.5 us slower at T <= 128
 // (bench/RESULTS.md session 37).
 //
 // Why the same names: profiler-based benchmarks (DeepEP's among them) need exactly one kernel named `dispatch` and
