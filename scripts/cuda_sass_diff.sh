@@ -2,8 +2,9 @@
 # Compares the CUDA kernels' machine code of the working tree with that of a git revision, without a GPU: compiles
 # each kernel translation unit (kernels/cuda/ll_kernels.cu, and ll_kernels_recv.cu where a tree has it) to a cubin
 # (sm_90a, -O3, as the build does) for both and compares every kernel's .text section byte for byte, unit by unit
-# (the receive-only unit's kernels carry the main unit's kernel names). Exit 0 and "identical" when a change (e.g. the HIP portability layer, kernels/HIP_PORT.md)
-# left the CUDA kernels exactly as they were; otherwise names the kernels that differ and their sizes in instructions.
+# (the receive-only unit's kernels carry the main unit's kernel names). Exit 0 and "identical" when a change (e.g. the
+# HIP portability layer, kernels/HIP_PORT.md) left the CUDA kernels exactly as they were; otherwise names the kernels
+# that differ and their sizes in instructions.
 # Usage: scripts/cuda_sass_diff.sh REV   (needs nvcc: PATH or /usr/local/cuda/bin)
 set -euo pipefail
 cd "$(dirname "$0")/.."

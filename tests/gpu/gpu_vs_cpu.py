@@ -13,7 +13,8 @@ async_finish; each case runs many GPU iterations over both buffer halves against
 distinct inputs, and one case per rank count switches mode and hooks every call on one buffer (128 tokens). The
 `_reduce` cases pass combine_weights at dispatch: the combine reduced at the expert side (kernels/EXPERT_SIDE_COMBINE.md),
 bit for bit against the CPU backend's order. Then the carried combine plans (combines after three dispatches; copied
-and keyless handles) and the expert-side combine with uneven and empty batches, then error cases: a bad expert id is
+and keyless handles), the expert-side combine with uneven and empty batches, and the profiler's view of hook launches
+(one kernel name per operation, as DeepEP's bench_kineto checks), then error cases: a bad expert id is
 reported and the buffer stays usable; an expert-side combine with other weights than its dispatch carried, or whose
 dispatch's plan a later dispatch replaced, is reported and the buffer stays usable; a rank that never calls makes its
 peers' kernels time out and report LlepTimeoutError instead of hanging.
