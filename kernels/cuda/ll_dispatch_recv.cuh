@@ -66,8 +66,8 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 ///     are the counts;
 ///  3. copies messages (one per (token, rank)) to their rows. A warp finds its message's source by a warp scan over
 ///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy), and each selection's
-///     lane its row by summing the counts of the sources before the message's. With one item per CTA (small T) the
-///     CTA's warps share its rows.
+///     lane its row by summing the counts of the sources before the message's. With one item per CTA (small T) 4 of
+///     the CTA's warps share its rows.
 /// Tried (bench/RESULTS.md session 17): each selection's lane loading the counts it needs from global memory after
 /// the header (a dependent load: as slow as the table), and the first message's loads issued before the table (held
 /// in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).

@@ -15,7 +15,7 @@
 //                  source order); the last CTA writes recv_count, layout_range and the
 //                  statistics. Warps locate messages by a warp scan (header, payload segment and scales loaded
 //                  together; a message split over several CTAs at small T) and fan each payload out to its rows
-//                  from registers (with one item per CTA, its rows split over the CTA's warps); the items go to the
+//                  from registers (with one item per CTA, its rows split over 4 warps); the items go to the
 //                  CTAs before G-2 (G-1 writes the handle, G-2 bins the metrics).
 //  combine send    every CTA reads layout_range and computes, per (local expert, home rank), the position of the
 //                  block in the home rank's receive area; warps copy one row each (flattened over all blocks),

@@ -331,11 +331,12 @@ struct CombineParams : protocol::CombineCall {
 /// else uses that area; rows for a call are written after the previous combine's send launch (stream order).
 inline constexpr int kZeroCopyHalf = 0;
 
-/// What launching the two kernels through the CUDA driver takes (ResolveLlLaunch, once per buffer): the driver's
-/// cuLaunchKernelEx with the kernel's function handle costs 2.8-2.9 µs of host time per launch on an H100 host against
-/// 3.4-3.7 µs for the runtime's cudaLaunchKernelEx with the kernel's host stub (bench/launch_cost_bench.cu,
-/// bench/RESULTS.md session 32): on every decode step's dispatch, combine and receive hook. Opaque pointers, so this
-/// header needs no driver header; all null (HIP, a driver without the entry point) means the runtime's launch.
+/// What launching the kernels (the two, and their receive-only compilations) through the CUDA driver takes
+/// (ResolveLlLaunch, once per buffer): the driver's cuLaunchKernelEx with the kernel's function handle costs 2.8-2.9 µs
+/// of host time per launch on an H100 host against 3.4-3.7 µs for the runtime's cudaLaunchKernelEx with the kernel's
+/// host stub (bench/launch_cost_bench.cu, bench/RESULTS.md session 32): on every decode step's dispatch, combine and
+/// receive hook. Opaque pointers, so this header needs no driver header; all null (HIP, a driver without the entry
+/// point) means the runtime's launch.
 struct LlLaunchHandles {
   void* launch = nullptr;         ///< the driver's cuLaunchKernelEx
   void* dispatch = nullptr;       ///< CUfunction of `dispatch` in the current device's context

@@ -26,8 +26,9 @@ CombineKernelFn ReceiveOnlyCombineKernel();
 namespace {
 
 /// A launch of one operation: its send phase, its receive phase, or both (kPhaseBoth), behind the call gate
-/// (ll_call_gate.cuh: each phase opens it where it first needs the call), with the metrics stamps around them. The
-/// two public kernels differ only in their phase functions.
+/// (ll_call_gate.cuh: each phase opens it where it first needs the call), with the metrics stamps around them. Every
+/// kernel is this body with its operation's phase functions: the phase a runtime argument in ll_kernels.cu, fixed to
+/// kPhaseRecv in ll_kernels_recv.cu.
 template <typename Params>
 __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
                                           void (*send)(const Params&, CallGate&, uint8_t*),
