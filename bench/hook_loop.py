@@ -36,7 +36,7 @@ def main():
     y = torch.randn((E, T_max, H), device=dev).to(torch.bfloat16)
     out = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
     for _ in range(args.warmup + args.rounds):
-        _, _, hd, _, hook = sysm.dispatch(x, topk, T_max, return_recv_hook=True)
+        _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
         hook()
         _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
         chook()

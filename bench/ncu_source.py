@@ -17,13 +17,14 @@ PHASES = ('dispatch send', 'dispatch recv', 'combine send', 'combine recv')
 
 
 def sass_lines(paths):
-    """{function: {offset: (file, line)}} from nvdisasm -g listings."""
+    """{(cubin, function): {offset: (file, line)}} from nvdisasm -g listings. Keyed by cubin too: the receive-only
+    kernels (kernels/cuda/ll_kernels_recv.cu) have the main kernels' names in another cubin."""
     funcs, cur, loc = {}, None, ('?', 0)
     for path in paths:
         for ln in open(path):
             m = re.match(r'^(_Z\S+):$', ln)
             if m:
-                cur = funcs.setdefault(m.group(1), {})
+                cur = funcs.setdefault((os.path.basename(path), m.group(1)), {})
                 continue
             m = re.match(r'\s*//## File "(.*)", line (\d+)', ln)
             if m:
@@ -52,9 +53,11 @@ def main():
         i = int(re.search(r'launch(\d+)', path).group(1)) - 1
         name, hdr, data = launch_rows(path)
         ix = {h: j for j, h in enumerate(hdr)}
-        # The listing of this kernel's function, if any: the mangled name holding its namespaces and its own name.
+        # The listing of this kernel's function, if any: the mangled name holding its namespaces and its own name, and
+        # of those (one per cubin for a receive-only kernel) the one with the launch's instruction count.
         parts = re.sub(r'<.*', '', name.split('(')[0]).replace('void ', '').split('::')
-        fmap = next((m for f, m in funcs.items() if parts and all(x in f for x in parts)), {})
+        named = [m for (_, f), m in funcs.items() if parts and all(x in f for x in parts)]
+        fmap = next((m for m in named if m and max(m) // 16 + 1 == len(data)), named[0] if named else {})
         base = int(data[0][0], 16)
         ran = few = 0
         samples = no_inst = 0.0
