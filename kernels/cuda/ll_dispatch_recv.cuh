@@ -85,9 +85,10 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   int* failed = reinterpret_cast<int*>(smem);
   int* msg_count = failed + 4;
   auto* words = reinterpret_cast<uint64_t*>(smem + DispatchRecvWordsOffset(L.shape));
-  const auto count_word = [&](int h, int i) {
-    const int sr = L.local_experts.Div(i);
-    return reinterpret_cast<const uint64_t*>(SrcBase(c, sr) + L.RouteRecvOffset(h, sr)) + (i - sr * E_loc);
+  // Route-count word le of source sr's block for half h (in the source's region). Callers pass (sr, le): the item's
+  // reload of a word (rare, but in line on its path) does not divide by E_loc to find the source again.
+  const auto count_word = [&](int h, int sr, int le) {
+    return reinterpret_cast<const uint64_t*>(SrcBase(c, sr) + L.RouteRecvOffset(h, sr)) + le;
   };
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
@@ -102,8 +103,9 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   const int known_half = was_open ? protocol::HalfOfSeq(gate.error_seq()) : -1;
   uint64_t early0 = 0, early1 = 0;
   if (early && tid < E) {
-    if (known_half != 1) early0 = gpu::LoadRelaxedSys(count_word(0, tid));
-    if (known_half != 0) early1 = gpu::LoadRelaxedSys(count_word(1, tid));
+    const int sr = L.local_experts.Div(tid), le = tid - sr * E_loc;
+    if (known_half != 1) early0 = gpu::LoadRelaxedSys(count_word(0, sr, le));
+    if (known_half != 0) early1 = gpu::LoadRelaxedSys(count_word(1, sr, le));
   }
   const bool peeked = !was_open && PeekSignals(c, LlOp::kDispatch);  // after the loads above: all in flight together
   if (early && tid < E) {
@@ -134,7 +136,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       uint32_t n = 0;
       if (msg_count[sr] >= 0) {
         uint64_t w = early ? words[half * E + i] : 0;
-        if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, i));
+        if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, sr, i - sr * E_loc));
         n = protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
       }
       if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
@@ -179,7 +181,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     const int i = src * E_loc + le;
     const uint64_t w = words[half * E + i];
     if (protocol::RouteCountSeq(w) == seq) return protocol::RouteCountValue(w);
-    const uint64_t again = gpu::LoadRelaxedSys(count_word(half, i));  // only when direct: the table tags every word
+    // Only when direct (the table tags every word).
+    const uint64_t again = gpu::LoadRelaxedSys(count_word(half, src, le));
     return protocol::RouteCountSeq(again) == seq ? protocol::RouteCountValue(again) : ~0u;
   };
   Trace(c, LlOp::kDispatch, kTraceRecvPlanned);
@@ -258,28 +261,32 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
       if (lane == 0 && lead) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);
       continue;
     }
-    // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped.
+    // Lane i < num_sel resolves selection i to its output row; rejected selections are recorded and skipped. The row
+    // inside the local expert's packed block: the rows of the sources before src, then src's row r. Every lane runs
+    // the sum over the same sources (a lane without a selection reads expert 0's counts and drops them): the warp stays
+    // converged, where a loop of the selection lanes alone ended diverged and its warp vote below took the compiler's
+    // out-of-line re-convergence path (ncu source counters, bench/RESULTS.md session 38).
     const uint32_t sel = gpu::WarpShfl(word, (4 + lane) & 31);
+    const bool has_sel = lane < num_sel;
+    const int sel_le = static_cast<int>(protocol::SelectionExpert(sel));
+    const uint32_t r = protocol::SelectionRow(sel);
+    bool bad = has_sel && sel_le >= E_loc;
+    const int count_le = has_sel && !bad ? sel_le : 0;
+    uint32_t before = 0, n = 0;
+#pragma unroll 1
+    for (int s0 = 0; s0 <= src; ++s0) {
+      before += n;
+      n = route_count(s0, count_le);
+      bad |= has_sel && n > static_cast<uint32_t>(T);
+    }
+    bad |= has_sel && r >= n;
     int64_t my_row = -1;
     int my_le = 0, my_rr = 0;
-    bool bad = false;
-    if (lane < num_sel) {
-      my_le = static_cast<int>(protocol::SelectionExpert(sel));
-      const uint32_t r = protocol::SelectionRow(sel);
-      // The row inside the local expert's packed block: the rows of the sources before src, then src's row r.
-      uint32_t before = 0, n = 0;
-      bad = my_le >= E_loc;
-      for (int s0 = 0; s0 <= src && !bad; ++s0) {
-        before += n;
-        n = route_count(s0, my_le);
-        bad = n > static_cast<uint32_t>(T);
-      }
-      bad |= r >= n;
-      if (!bad) {
-        my_rr = static_cast<int>(before + r);
-        my_row = int64_t{my_le} * rows + my_rr;
-        if (lead) p.src_info[my_row] = src_token;
-      }
+    if (has_sel && !bad) {
+      my_le = sel_le;
+      my_rr = static_cast<int>(before + r);
+      my_row = int64_t{my_le} * rows + my_rr;
+      if (lead) p.src_info[my_row] = src_token;
     }
     if (gpu::WarpAny(bad) && lane == 0 && lead) {
       RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, src, seq, j);

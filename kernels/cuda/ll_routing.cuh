@@ -286,11 +286,13 @@ struct MessageRef {
 /// Messages counted over all sources (count(src) each, -1 for a masked source: none). Warp-collective.
 /// The first 32 sources are summed before the loop, which only runs beyond them: at R <= 32 (every NVLink-only
 /// buffer of up to 32 ranks) the path is a few straight-line instructions instead of the compiler's unrolled loop
-/// with its remainder, which a small-T receive runs once, cold (bench/RESULTS.md session 36).
+/// with its remainder, which a small-T receive runs once, cold (bench/RESULTS.md session 36). That loop is not unrolled
+/// either: unrolled, its code was a 1.6 KiB jump on the receive's path at R <= 32 (ncu source counters, session 38).
 template <typename Count>
 __device__ __forceinline__ int WarpMessageTotal(const Count& count, int R) {
   const int lane = threadIdx.x % 32;
   int total = gpu::WarpSum(lane < R ? max(count(lane), 0) : 0);
+#pragma unroll 1
   for (int s0 = 32; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(count(s0 + lane), 0) : 0);
   return total;
 }
