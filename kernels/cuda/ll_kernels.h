@@ -7,7 +7,8 @@
 // two launches of that name, so profilers that look for `::dispatch` / `::combine` see one row each
 // (shared/spec/deepep-ll-api.md §8.1). No other kernel carries those words. A receive-only launch runs a second
 // compilation of the same kernel (kernels/cuda/ll_kernels_recv.cu: internal linkage, the same name and signature,
-// the receive phase compiled alone, which is faster: that file says by how much).
+// the receive phase compiled alone, which is faster: that file says by how much). At decode sizes a launch's time is
+// its code path's; kernels/SMALL_T_CODE.md gives the measured rules the device code follows for it.
 //
 // Two kinds of peer, mixed freely in one launch (runtime/topology.h decides):
 //  - NVLink peers: same-host ranks whose regions are mapped into this process (CUDA IPC); `peers[r]` is rank r's
