@@ -151,11 +151,17 @@ namespace {
 /// completion counter the other CTAs add to; a kPhaseBoth launch also waits for signals its own send phase
 /// publishes). That needs every CTA resident at once, which only the cooperative attribute guarantees: without it, a
 /// kernel on another stream (a GEMM, the other micro-batch's launch) can hold SMs while launched CTAs spin, and the
-/// operation stalls until the timeout. A receive-only launch waits only for peers, so it launches plainly.
+/// operation stalls until the timeout. A receive-only launch waits only for peers, so it launches plainly, and runs
+/// the operation's receive-only compilation (recv_kernel, recv_driver_fn: ll_kernels_recv.cu).
 template <typename Params>
-cudaError_t LaunchLl(void (*kernel)(Params, int), void* driver_fn, const Params& p, LlPhase phase,
-                     const LaunchConfig& cfg, int64_t shared_bytes, cudaStream_t stream) {
+cudaError_t LaunchLl(void (*kernel)(Params, int), void (*recv_kernel)(Params, int), void* driver_fn,
+                     void* recv_driver_fn, const Params& p, LlPhase phase, const LaunchConfig& cfg,
+                     int64_t shared_bytes, cudaStream_t stream) {
   if (p.ctx.grid.divisor != static_cast<uint32_t>(cfg.num_ctas)) return cudaErrorInvalidValue;  // another grid's ctx
+  if (phase == kPhaseRecv) {
+    kernel = recv_kernel;
+    driver_fn = recv_driver_fn;
+  }
 #if defined(LLEP_GPU_HIP)
   // HIP 5.2 has no launch-attribute API: the cooperative launch is its own call.
   int phase_arg = static_cast<int>(phase);
@@ -206,11 +212,10 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), void* driver_fn, const Params&
 }  // namespace
 
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
-  const bool recv_only = phase == kPhaseRecv;
-  void* const driver_fn =
-      cfg.handles == nullptr ? nullptr : (recv_only ? cfg.handles->dispatch_recv : cfg.handles->dispatch);
-  return LaunchLl(recv_only ? ReceiveOnlyDispatchKernel() : dispatch, driver_fn, p, phase, cfg,
-                  DispatchSharedBytes(p.ctx.layout.shape), stream);
+  const LlLaunchHandles* h = cfg.handles;
+  return LaunchLl(dispatch, ReceiveOnlyDispatchKernel(), h != nullptr ? h->dispatch : nullptr,
+                  h != nullptr ? h->dispatch_recv : nullptr, p, phase, cfg, DispatchSharedBytes(p.ctx.layout.shape),
+                  stream);
 }
 
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) {
@@ -227,11 +232,10 @@ CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) 
 
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
   if (p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;  // a split made for another grid
-  const bool recv_only = phase == kPhaseRecv;
-  void* const driver_fn =
-      cfg.handles == nullptr ? nullptr : (recv_only ? cfg.handles->combine_recv : cfg.handles->combine);
-  return LaunchLl(recv_only ? ReceiveOnlyCombineKernel() : combine, driver_fn, p, phase, cfg,
-                  CombineSharedBytes(p.ctx.layout.shape), stream);
+  const LlLaunchHandles* h = cfg.handles;
+  return LaunchLl(combine, ReceiveOnlyCombineKernel(), h != nullptr ? h->combine : nullptr,
+                  h != nullptr ? h->combine_recv : nullptr, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape),
+                  stream);
 }
 
 }  // namespace llep::kernels::cuda

@@ -1,6 +1,6 @@
-// The kernels' body (RunPhases) and the receive-only copies of the kernels, shared by the two translation units that
-// compile the kernels: kernels/cuda/ll_kernels.cu (the kernels every launch with a send phase runs, the launchers) and
-// kernels/cuda/ll_kernels_recv.cu (the same kernels compiled for a receive-only launch). Each includes the phase
+// The kernels' body (RunPhases) and the declarations of the receive-only kernels, shared by the two translation units
+// that compile the kernels: kernels/cuda/ll_kernels.cu (the kernels every launch with a send phase runs, the launchers)
+// and kernels/cuda/ll_kernels_recv.cu (the same kernels compiled for a receive-only launch). Each includes the phase
 // parts; the device code of one is not shared with the other.
 #pragma once
 
@@ -53,8 +53,7 @@ __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, u
     // Every receive phase opens the gate before it returns, so the call is known here: reading it, not calling
     // Open() again, keeps Open()'s code (which the compiler cannot prove is not needed) off the phase's tail, a jump
     // over ~0.7 KiB at the end of every receive (ncu source counters, bench/RESULTS.md session 38).
-    const uint32_t seq = gate.error_seq();
-    if (seq != 0 && seq != kSeqPending) StampRecvEnd(c, seq);
+    if (gate.is_open() && gate.error_seq() != 0) StampRecvEnd(c, gate.error_seq());
   }
 }
 
