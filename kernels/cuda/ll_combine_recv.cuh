@@ -51,7 +51,7 @@ __device__ __forceinline__ int PlanCombineIds(const LlDeviceContext& c, int64_t 
                                               PlanScratch* sc, TokenPlan* out) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (warp >= n) return -1;
-  const int id = WarpTokenExpertOf(c, v, K, LlOp::kCombine, seq);
+  const int id = WarpTokenExpertOf(c, v, LlOp::kCombine, seq);
   if (lane < kK) {
     sc->key[warp][lane] = RouteKey(id, c.layout.shape.num_experts, c.layout.local_experts);
     sc->row[warp][lane] = 0;

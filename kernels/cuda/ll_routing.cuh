@@ -40,13 +40,16 @@ __device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, 
 
 /// Warp form: topk_idx[t][lane] validated, lanes >= K get -1. One coalesced load per token; the repeat check runs
 /// on shuffles (trace on H200: the per-slot scalar loads it replaced cost 3.6 us per token plan; a thread-form load
-/// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1).
-/// WarpTokenExpertOf takes the lane's topk value loaded already (v, -1 for lanes >= K).
-__device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, int K, LlOp op, uint32_t seq) {
+/// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1). One shuffle per possible
+/// earlier slot, unrolled over kMaxTopK - 1: looping over the runtime K made the dispatch send ~0.5 us slower at T=1,
+/// and a warp match (__match_any_sync) instead the combine receive ~0.7 us slower at T=128 (2 x H200, session 39).
+/// WarpTokenExpertOf takes the lane's topk value loaded already (v, -1 for lanes >= K, which the id >= 0 test skips).
+__device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
   const int lane = threadIdx.x % 32;
   const int id = InRangeId(c, v, op, seq);
   bool repeated = false;
-  for (int j = 0; j < K - 1; ++j) {
+#pragma unroll
+  for (int j = 0; j < kK - 1; ++j) {
     const int other = gpu::WarpShfl(id, j);
     repeated |= j < lane && id >= 0 && other == id;
   }
@@ -55,7 +58,7 @@ __device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, int K, LlO
 __device__ __forceinline__ int WarpTokenExpert(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
                                                uint32_t seq) {
   const int lane = threadIdx.x % 32;
-  return WarpTokenExpertOf(c, lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1, K, op, seq);
+  return WarpTokenExpertOf(c, lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1, op, seq);
 }
 
 /// Thread form: the calling thread loads token t's whole row at once (one round of independent loads instead of
@@ -140,9 +143,9 @@ struct PlanScratch {
 
 /// The plans of one round's tokens (route_plan.h definitions), a CTA-wide call: token w < n of the round is
 /// first_t + w * stride, its plan goes to out[w]. Row and slot count the earlier tokens t' < t that select the same
-/// expert / send to the same rank. Every thread takes one earlier token (one round of independent loads for up to
-/// 512 of them), compares it with each planned token, and the counts meet through warp reductions and shared
-/// atomics: the whole CTA works on the plan instead of one warp scanning serially. (H200 trace, T=128, 2 ranks:
+/// expert / send to the same rank. Every lane takes one earlier token (one round of independent loads for up to
+/// 512 of them), compares it with planned slots, and the counts meet through warp reductions and shared atomics:
+/// the whole CTA works on the plan instead of one warp scanning serially. (H200 trace, T=128, 2 ranks:
 /// plan ready at 8.5 us with the serial scan, 6.3 us like this; a fully unrolled scan was far worse, ~30 us, as its
 /// straight-line code missed the instruction cache.)
 template <int kMaxK>
@@ -154,8 +157,18 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
   const auto load_row = [&](int tp, uint32_t(&q)[kMaxK]) {
     LoadRouteKeys(topk, tp, t_last, K, E, c.layout.local_experts, q);
   };
+  // The work: (earlier token, planned token, slot) triples. A warp's lanes take a span of 32 earlier tokens; with few
+  // spans (small T) the CTA's warps split the (planned token, slot) pairs of a span between copies of it instead of
+  // one warp running through all n * kMaxK pairs in turn (2^lg span slots, powers of two: shifts, no division). Trace
+  // on 2 x H200: the dispatch send's last plan at T=8 ready at 2.6 us instead of 3.9 (bench/RESULTS.md session 39).
+  const int lg = CeilLog2(static_cast<uint32_t>(min((t_last + 31) / 32, kWarps)));
+  const int span0 = warp & ((1 << lg) - 1), copy = warp >> lg, copies = kWarps >> lg, pairs = n * kMaxK;
+  const bool counts = span0 * 32 < t_last && copy < pairs;  // warp-uniform: this warp has triples
+  // The first span's keys are loaded before the planned tokens' own loads, so both are in flight together; only by
+  // warps with triples (at T=1 none): the eight key conversions are ~170 instructions on a plan's path (ncu,
+  // bench/RESULTS.md session 39).
   uint32_t q[kMaxK];
-  load_row(tid, q);  // issued before the planned tokens' own loads: both are in flight together
+  if (counts) load_row(span0 * 32 + lane, q);
   if (warp < n) {
     const int id = WarpTokenExpert(c, topk, first_t + warp * stride, K, op, seq);
     if (lane < kK) {
@@ -166,35 +179,34 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
     }
   }
   __syncthreads();
-  for (int base = 0; base < t_last; base += kThreads) {
-    if (base + warp * 32 >= t_last) break;  // warp-uniform (a warp with no earlier token has nothing to count)
-    const int tp = base + tid;
-    if (base > 0) load_row(tp, q);
-    for (int w = 0; w < n; ++w) {
-      const bool earlier = tp < first_t + w * stride;
-      // Not unrolled (as CountCombineRows): every CTA runs this once per launch from a cold instruction cache, and
-      // unrolled over the slots it was ~2,100 more instructions; the send's median CTA had its plan at 8.0 us of a
-      // 14.1 us launch at T=128, 4.9 of 10.3 with the loop (recv_trace, bench/RESULTS.md session 23). A per-expert
-      // histogram in shared memory instead of the compares was slower at T=1 and gained less.
+  for (int base = span0 * 32; counts && base < t_last; base += 32 << lg) {
+    const int tp = base + lane;
+    if (base != span0 * 32) {
+      load_row(tp, q);
+    }
+    // Not unrolled (as CountCombineRows): every CTA runs this once per launch from a cold instruction cache, and
+    // unrolled over the slots it was ~2,100 more instructions; the send's median CTA had its plan at 8.0 us of a
+    // 14.1 us launch at T=128, 4.9 of 10.3 with the loop (recv_trace, bench/RESULTS.md session 23). A per-expert
+    // histogram in shared memory instead of the compares was slower at T=1 and gained less.
 #pragma unroll 1
-      for (int k = 0; k < kMaxK; ++k) {
-        const uint32_t key = sc->key[w][k];
-        // Branch-free compares (as CountCombineRows'): the key's rank holds the keys [lo, lo + span); kNoKey
-        // (rank field 0xFFFF, local field 0xFFFF, which no real key of rank 0xFFFF reaches) falls outside. A kNoKey
-        // slot counts nothing.
-        const uint32_t lo = key & 0xFFFF0000u, span = lo == 0xFFFF0000u ? 0xFFFFu : 0x10000u;
-        uint32_t same_expert = 0, same_rank = 0;
+    for (int pair = copy; pair < pairs; pair += copies) {
+      const int w = pair / kMaxK, k = pair % kMaxK;
+      const uint32_t key = sc->key[w][k];
+      // Branch-free compares (as CountCombineRows'): the key's rank holds the keys [lo, lo + span); kNoKey (rank
+      // field 0xFFFF, local field 0xFFFF, which no real key of rank 0xFFFF reaches) falls outside. A kNoKey slot
+      // counts nothing.
+      const uint32_t lo = key & 0xFFFF0000u, span = lo == 0xFFFF0000u ? 0xFFFFu : 0x10000u;
+      uint32_t same_expert = 0, same_rank = 0;
 #pragma unroll
-        for (int j = 0; j < kMaxK; ++j) {
-          same_expert |= q[j] == key ? 1u : 0u;
-          same_rank |= q[j] - lo < span ? 1u : 0u;
-        }
-        const uint32_t counts = earlier && key != kNoKey ? 1u : 0u;
-        const int r = gpu::WarpSum(static_cast<int>(counts & same_expert));
-        const int s = gpu::WarpSum(static_cast<int>(counts & same_rank));
-        if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
-        if (lane == 0 && s != 0) atomicAdd(&sc->slot[w][k], s);
+      for (int j = 0; j < kMaxK; ++j) {
+        same_expert |= q[j] == key ? 1u : 0u;
+        same_rank |= q[j] - lo < span ? 1u : 0u;
       }
+      const uint32_t counted = tp < first_t + w * stride && key != kNoKey ? 1u : 0u;  // an earlier token's
+      const int r = gpu::WarpSum(static_cast<int>(counted & same_expert));
+      const int s = gpu::WarpSum(static_cast<int>(counted & same_rank));
+      if (lane == 0 && r != 0) atomicAdd(&sc->row[w][k], r);
+      if (lane == 0 && s != 0) atomicAdd(&sc->slot[w][k], s);
     }
   }
   __syncthreads();
