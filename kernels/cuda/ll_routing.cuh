@@ -41,7 +41,7 @@ __device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, 
 /// Warp form: topk_idx[t][lane] validated, lanes >= K get -1. One coalesced load per token; the repeat check runs
 /// on shuffles (trace on H200: the per-slot scalar loads it replaced cost 3.6 us per token plan; a thread-form load
 /// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1). One shuffle per possible
-/// earlier slot, unrolled over kMaxTopK - 1: looping over the runtime K made the dispatch send ~0.5 us slower at T=1,
+/// earlier slot, unrolled over kMaxTopK - 1: looping over the runtime K made the dispatch send ~0.4 us slower at T=1,
 /// and a warp match (__match_any_sync) instead the combine receive ~0.7 us slower at T=128 (2 x H200, session 39).
 /// WarpTokenExpertOf takes the lane's topk value loaded already (v, -1 for lanes >= K, which the id >= 0 test skips).
 __device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
