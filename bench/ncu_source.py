@@ -100,23 +100,15 @@ def main():
         parts = re.sub(r'<.*', '', name.split('(')[0]).replace('void ', '').split('::')
         named = [m for (_, f), m in funcs.items() if parts and all(x in f for x in parts)]
         fmap = next((m for m in named if m and max(m) // 16 + 1 == len(data)), named[0] if named else {})
-        base = int(data[0][0], 16)
-        ran = few = 0
-        samples = no_inst = 0.0
-        by_line = collections.Counter()
-        for r in data:
-            ex = float(r[ix['Instructions Executed']] or 0)
-            samples += float(r[ix['Warp Stall Sampling (All Samples)']] or 0)
-            no_inst += float(r[ix['stall_no_inst']] or 0)
-            if ex > 0:
-                ran += 1
-                few += ex <= 16
-                by_line[fmap.get(int(r[0], 16) - base, ('?', 0))] += 1
+        ran_list = executed(data, ix)
+        ran, few = len(ran_list), sum(ex <= 16 for _, ex, _ in ran_list)
+        by_line = collections.Counter(fmap.get(off, ('?', 0)) for off, _, _ in ran_list)
+        samples = sum(float(r[ix['Warp Stall Sampling (All Samples)']] or 0) for r in data)
+        no_inst = sum(float(r[ix['stall_no_inst']] or 0) for r in data)
         print(f'{PHASES[i % 4]:14s} {name[:48]:48s} static {len(data):6d}  ran {ran:5d} ({ran * 16 / 1024:5.1f} KB)'
               f'  in <=16 warps {few:5d}  samples {samples:5.0f}  no_inst {no_inst:5.0f}')
         if fmap and args.lines:
             print('    ' + ', '.join(f'{f}:{ln} {n}' for (f, ln), n in by_line.most_common(args.lines)))
-        ran_list = executed(data, ix)
         for off, ex in divergent_fallbacks(ran_list):
             f, ln = fmap.get(off, ('?', 0))
             print(f'    divergent fallback at {off:#07x} ({f}:{ln}): {ex} warp passes')
