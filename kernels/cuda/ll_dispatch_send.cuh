@@ -168,26 +168,31 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       } else {
         // Header per destination: lane i < 5 writes bytes [16i, 16i + 16) of the 80-byte header; with
         // combine_weights, lanes 5-8 write the message's 64-byte weights row (ll_layout.h RouteWeightsOffset).
+        // Lane l holds words 4l .. 4l + 3 of [header (20 words) | weights row (16)]: word 4 + s is the token's s-th
+        // selection on rank d, in top-k order, word 20 + s its weight (registers only: no local array). Lane j < K
+        // holds slot j (its rank, packed selection and weight), and a destination's words gather from those lanes:
+        // a ballot, then per word its source lane (NthSetBit16) and two shuffles, all lanes at once, instead of a
+        // loop over the K slots per destination (dependent shared-memory loads and selects, ~0.3 us per destination
+        // on a T=1 send's path at EP4, bench/RESULTS.md session 41).
         const bool weights = p.carries_weights;
+        const int dj = lane < K ? pl.dst[lane] : -1;
+        const uint32_t vj = dj >= 0 ? protocol::PackSelection(pl.id[lane] - dj * E_loc, pl.row[lane]) : 0u;
+        const uint32_t wj = weights && lane < K ? __float_as_uint(p.topk_weights[int64_t{t} * K + lane]) : 0u;
         for (unsigned m = pl.opens; m != 0; m &= m - 1) {
           const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* const base = PeerBase(c, lane_peer, d);
-          if (lane >= (weights ? 9 : 5)) continue;
-          // Lane l holds words 4l .. 4l + 3 of [header (20 words) | weights row (16)]: word 4 + i is the token's i-th
-          // selection on rank d, in top-k order, word 20 + i its weight (registers only: no local array).
-          uint32_t words[4] = {0, 0, 0, 0};
-          int num_sel = 0;
-          for (int j = 0; j < K; ++j) {
-            if (pl.dst[j] != d) continue;
-            const int i_sel = num_sel++;
-            const uint32_t v = protocol::PackSelection(pl.id[j] - d * E_loc, pl.row[j]);
-            const uint32_t wv = lane >= 5 ? __float_as_uint(p.topk_weights[int64_t{t} * K + j]) : 0u;
+          const unsigned on_d = gpu::WarpBallot(dj == d);  // bit j: slot j selects an expert on d
+          const int num_sel = __popc(on_d);
+          uint32_t words[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              words[i] = 4 + i_sel == lane * 4 + i ? v : words[i];
-              words[i] = 20 + i_sel == lane * 4 + i ? wv : words[i];
-            }
+          for (int i = 0; i < 4; ++i) {
+            const int wd = lane * 4 + i, s = wd < 20 ? wd - 4 : wd - 20;  // the selection word wd holds (wd >= 4)
+            const bool holds = wd >= 4 && s < num_sel;
+            const int from = NthSetBit16(on_d, holds ? s : 0);
+            const uint32_t v = gpu::WarpShfl(vj, from), wv = gpu::WarpShfl(wj, from);
+            words[i] = holds ? (wd < 20 ? v : wv) : 0u;
           }
+          if (lane >= (weights ? 9 : 5)) continue;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int wd = lane * 4 + i;

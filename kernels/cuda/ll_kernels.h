@@ -264,6 +264,20 @@ LLEP_HD int FloorLog2(uint32_t x) { return 31 - __builtin_clz(x); }
 /// ceil(log2(x)), x >= 1.
 LLEP_HD int CeilLog2(uint32_t x) { return x <= 1 ? 0 : FloorLog2(x - 1) + 1; }
 
+/// The position of the n-th (from 0) set bit of a 16-bit mask with more than n bits set: four halving steps of
+/// popcounts and selects (the loop unrolls; no branch), so a warp's lanes each find a different bit at once — the
+/// dispatch send's header gathers a destination's selections from the lanes that hold them.
+LLEP_HD int NthSetBit16(uint32_t mask, int n) {
+  int pos = 0;
+  for (int w = 8; w >= 1; w >>= 1) {
+    const int c = __builtin_popcount((mask >> pos) & ((1u << w) - 1u));
+    const bool up = n >= c;
+    n -= up ? c : 0;
+    pos += up ? w : 0;
+  }
+  return pos;
+}
+
 /// How often a phase splits each of `total` messages (2^lg parts, lo <= lg, and lg <= cap unless lo is above it): the
 /// most parts that keep total << lg within `budget` (its CTAs or warps), at least 2^lo. The closed form of
 /// `lg = lo; while (lg < cap && (total << (lg + 1)) <= budget) ++lg;`, a loop a small-T launch ran once per warp

@@ -1,6 +1,7 @@
-// The kernels' work splits (ll_kernels.h): CombineRecvSplit, the host-made split the combine receive divides with,
-// and SplitLog2, the closed form the dispatch receive and the expert-side combine send split messages with. Host-only:
-// it runs wherever this binary builds, device or not.
+// The kernels' work splits and bit helpers (ll_kernels.h): CombineRecvSplit, the host-made split the combine receive
+// divides with, SplitLog2, the closed form the dispatch receive and the expert-side combine send split messages with,
+// and NthSetBit16, which the dispatch send's header gathers with. Host-only: it runs wherever this binary builds,
+// device or not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,6 +74,18 @@ TEST(SplitLog2, EqualsTheDoublingLoop) {
               << "total=" << total << " budget=" << budget << " pieces=" << pieces << " lo=" << lo;
         }
       }
+    }
+  }
+}
+
+// NthSetBit16 equals a scan of the bits for every 16-bit mask and every n below its popcount.
+TEST(NthSetBit16, EqualsTheBitScan) {
+  for (uint32_t mask = 1; mask < (1u << 16); ++mask) {
+    int n = 0;
+    for (int bit = 0; bit < 16; ++bit) {
+      if (((mask >> bit) & 1u) == 0) continue;
+      ASSERT_EQ(NthSetBit16(mask, n), bit) << "mask=" << mask << " n=" << n;
+      ++n;
     }
   }
 }
