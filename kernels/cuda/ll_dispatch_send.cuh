@@ -172,8 +172,8 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         // selection on rank d, in top-k order, word 20 + s its weight (registers only: no local array). Lane j < K
         // holds slot j (its rank, packed selection and weight), and a destination's words gather from those lanes:
         // a ballot, then per word its source lane (NthSetBit16) and two shuffles, all lanes at once, instead of a
-        // loop over the K slots per destination (dependent shared-memory loads and selects, ~0.3 us per destination
-        // on a T=1 send's path at EP4, bench/RESULTS.md session 41).
+        // loop over the K slots per destination (dependent shared-memory loads and selects: with it a T=1 token's
+        // stores at EP4 were done 0.5 us later, bench/RESULTS.md session 41).
         const bool weights = p.carries_weights;
         const int dj = lane < K ? pl.dst[lane] : -1;
         const uint32_t vj = dj >= 0 ? protocol::PackSelection(pl.id[lane] - dj * E_loc, pl.row[lane]) : 0u;
