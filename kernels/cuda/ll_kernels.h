@@ -266,7 +266,8 @@ LLEP_HD int CeilLog2(uint32_t x) { return x <= 1 ? 0 : FloorLog2(x - 1) + 1; }
 
 /// The position of the n-th (from 0) set bit of a 16-bit mask with more than n bits set: four halving steps of
 /// popcounts and selects (the loop unrolls; no branch), so a warp's lanes each find a different bit at once — the
-/// dispatch send's header gathers a destination's selections from the lanes that hold them.
+/// dispatch send's header gathers a destination's selections from the lanes that hold them. CUDA's __fns answers the
+/// same question; this form is the same code on HIP and is tested on the host (work_split_test.cu).
 LLEP_HD int NthSetBit16(uint32_t mask, int n) {
   int pos = 0;
   for (int w = 8; w >= 1; w >>= 1) {
