@@ -119,19 +119,29 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   }
   if (k_dst > 0) Trace(c, LlOp::kDispatch, kTraceCounted);
 
-  // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them.
-  const int my_tokens =
-      p.num_tokens > static_cast<int>(blockIdx.x) ? static_cast<int>(c.grid.Div(p.num_tokens - blockIdx.x + G - 1)) : 0;
+  // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them. With few tokens on an NVLink-only buffer
+  // (T * P <= G, P = R rounded up to a power of two) each token is split by destination instead: CTA b takes token
+  // b / P and stores only its message to rank b % P, so a token's copies leave from up to R SMs at once rather than
+  // one after another from one (a plan per CTA: the plan is a function of topk_idx, every copy computes the same).
+  const int lgp = CeilLog2(static_cast<uint32_t>(R));
+  const bool split = c.proxy_region == nullptr && R > 1 && (p.num_tokens << lgp) <= G;
+  const int split_dst = split ? static_cast<int>(blockIdx.x) & ((1 << lgp) - 1) : -1;
+  const int tok0 = split ? static_cast<int>(blockIdx.x) >> lgp : static_cast<int>(blockIdx.x), stride = split ? 0 : G;
+  const int my_tokens = split ? (tok0 < p.num_tokens && split_dst < R ? 1 : 0)
+                        : p.num_tokens > static_cast<int>(blockIdx.x)
+                            ? static_cast<int>(c.grid.Div(p.num_tokens - blockIdx.x + G - 1))
+                            : 0;
   for (int round = 0; round < my_tokens; round += kWarps) {
     const int n = min(kWarps, my_tokens - round);
     // Items: (token, chunk) payload pieces plus one header item per token (c.send_items = num_chunks + 1 of them). A
     // warp's first item of the round is loaded before the plan (it does not depend on it), so the x loads are in
     // flight with the routing loads.
-    const auto item_token = [&](int item) { return blockIdx.x + (round + c.send_items.Div(item)) * G; };
+    const auto item_token = [&](int item) { return tok0 + (round + static_cast<int>(c.send_items.Div(item))) * stride; };
     const bool first_is_payload = warp < n * (num_chunks + 1) && c.send_items.Mod(warp) < num_chunks;
     const ChunkPayload first =
         first_is_payload ? LoadChunk(p, item_token(warp), c.send_items.Mod(warp)) : ChunkPayload{};
-    PlanRoundAnyK(c, p.topk_idx, blockIdx.x + round * G, G, n, K, LlOp::kDispatch, seq, scratch, sh->plan);
+    PlanRoundAnyK(c, p.topk_idx, tok0 + round * stride, stride, n, K, LlOp::kDispatch, seq, scratch, sh->plan,
+                  split_dst);
     __syncthreads();
     if (round == 0) Trace(c, LlOp::kDispatch, kTracePlanned);
     if ((seq = gate.Open()) == 0) return;
@@ -139,7 +149,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     for (int item = warp; item < n * (num_chunks + 1); item += kWarps) {
       const int tw = c.send_items.Div(item), ch = item - tw * (num_chunks + 1);
       const TokenPlan& pl = sh->plan[tw];
-      const int t = blockIdx.x + (round + tw) * G;
+      const int t = tok0 + (round + tw) * stride;
       if (ch < num_chunks) {
         ChunkPayload cp = item == warp ? first : LoadChunk(p, t, ch);
         EncodeChunk(p, cp);
@@ -219,7 +229,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       if (mine) FenceBeforeCount(c.proxy_region != nullptr);
       if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
       const TokenPlan& pl = sh->plan[mine ? lane : 0];
-      const int t = blockIdx.x + (round + lane) * G;
+      const int t = tok0 + (round + lane) * stride;
       const unsigned opens = mine ? pl.opens : 0u;
       if (c.proxy_region != nullptr) {
         for (int k = 0; k < K; ++k) {  // warp-uniform: the k-th selection of every lane's token
@@ -242,9 +252,10 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   const int half = protocol::HalfOfSeq(seq);
   // The tokens' plan entries for the combine (CarriedPlanArea), from the one round a CTA plans: written here, after the
   // loop, because inside it the stores made the kernel spill.
-  if (warp == 1 && lane < K && my_tokens <= kWarps) {
+  // Split by destination: the token's first CTA keeps it.
+  if (warp == 1 && lane < K && my_tokens <= kWarps && split_dst <= 0) {
     for (int tw = 0; tw < my_tokens; ++tw) {
-      KeepPlanEntry(c, half, blockIdx.x + tw * G, K, lane, sh->plan[tw], p.topk_weights);
+      KeepPlanEntry(c, half, tok0 + tw * stride, K, lane, sh->plan[tw], p.topk_weights);
     }
   }
   if (tid == 0) {  // the publishing thread's loop (the compiler still computes its trip count with one division)

@@ -145,12 +145,13 @@ struct PlanScratch {
 /// first_t + w * stride, its plan goes to out[w]. Row and slot count the earlier tokens t' < t that select the same
 /// expert / send to the same rank. Every lane takes one earlier token (one round of independent loads for up to
 /// 512 of them), compares it with planned slots, and the counts meet through warp reductions and shared atomics:
-/// the whole CTA works on the plan instead of one warp scanning serially. (H200 trace, T=128, 2 ranks:
+/// the whole CTA works on the plan instead of one warp scanning serially. only_dst >= 0 keeps only the message to
+/// that rank open (the dispatch send's split by destination); the rows and slots stay the whole token's. (H200 trace, T=128, 2 ranks:
 /// plan ready at 8.5 us with the serial scan, 6.3 us like this; a fully unrolled scan was far worse, ~30 us, as its
 /// straight-line code missed the instruction cache.)
 template <int kMaxK>
 __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K, LlOp op,
-                          uint32_t seq, PlanScratch* sc, TokenPlan* out) {
+                          uint32_t seq, PlanScratch* sc, TokenPlan* out, int only_dst) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int E = c.layout.shape.num_experts;
   const int t_last = first_t + (n - 1) * stride;  // the round's last token: earlier tokens are [0, t_last)
@@ -214,7 +215,8 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
     const uint32_t key = lane < kK ? sc->key[warp][lane] : kNoKey;
     const int dst = key == kNoKey ? -1 : static_cast<int>(key >> 16);
     const unsigned same_rank = gpu::WarpMatchAny(dst);
-    const unsigned opens = gpu::WarpBallot(dst >= 0 && __ffs(same_rank) - 1 == lane);
+    const unsigned opens =
+        gpu::WarpBallot(dst >= 0 && __ffs(same_rank) - 1 == lane && (only_dst < 0 || dst == only_dst));
     if (lane < kK) {
       out[warp].row[lane] = sc->row[warp][lane];
       out[warp].slot[lane] = sc->slot[warp][lane];
@@ -227,11 +229,11 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
 /// PlanRound with registers for top-8 when K <= 8, else for kMaxTopK. Every thread of the CTA calls it; the plans
 /// are visible to the CTA after the caller's next barrier.
 __device__ void PlanRoundAnyK(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K,
-                              LlOp op, uint32_t seq, PlanScratch* sc, TokenPlan* out) {
+                              LlOp op, uint32_t seq, PlanScratch* sc, TokenPlan* out, int only_dst) {
   if (K <= 8) {
-    PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out);
+    PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
   } else {
-    PlanRound<kK>(c, topk, first_t, stride, n, K, op, seq, sc, out);
+    PlanRound<kK>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
   }
 }
 
