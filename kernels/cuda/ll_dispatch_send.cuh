@@ -122,7 +122,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them. With few tokens on an NVLink-only buffer
   // (T * P <= G, P = R rounded up to a power of two) each token is split by destination instead: CTA b takes token
   // b / P and stores only its message to rank b % P, so a token's copies leave from up to R SMs at once rather than
-  // one after another from one (a plan per CTA: the plan is a function of topk_idx, every copy computes the same).
+  // one after another from one (each copy plans the token: the plan is a function of topk_idx, all compute the same).
+  // At EP4 T=1 the stores were done 0.6-1.1 us earlier, the hook send 8.4 -> 7.1 us (bench/RESULTS.md session 42;
+  // kernels/SMALL_T_CODE.md rule 10). Not with proxy peers: their messages share one staged payload per token.
   const int lgp = CeilLog2(static_cast<uint32_t>(R));
   const bool split = c.proxy_region == nullptr && R > 1 && (p.num_tokens << lgp) <= G;
   const int split_dst = split ? static_cast<int>(blockIdx.x) & ((1 << lgp) - 1) : -1;
@@ -136,7 +138,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     // Items: (token, chunk) payload pieces plus one header item per token (c.send_items = num_chunks + 1 of them). A
     // warp's first item of the round is loaded before the plan (it does not depend on it), so the x loads are in
     // flight with the routing loads.
-    const auto item_token = [&](int item) { return tok0 + (round + static_cast<int>(c.send_items.Div(item))) * stride; };
+    const auto item_token = [&](int item) {
+      return tok0 + (round + static_cast<int>(c.send_items.Div(item))) * stride;
+    };
     const bool first_is_payload = warp < n * (num_chunks + 1) && c.send_items.Mod(warp) < num_chunks;
     const ChunkPayload first =
         first_is_payload ? LoadChunk(p, item_token(warp), c.send_items.Mod(warp)) : ChunkPayload{};

@@ -145,10 +145,10 @@ struct PlanScratch {
 /// first_t + w * stride, its plan goes to out[w]. Row and slot count the earlier tokens t' < t that select the same
 /// expert / send to the same rank. Every lane takes one earlier token (one round of independent loads for up to
 /// 512 of them), compares it with planned slots, and the counts meet through warp reductions and shared atomics:
-/// the whole CTA works on the plan instead of one warp scanning serially. only_dst >= 0 keeps only the message to
-/// that rank open (the dispatch send's split by destination); the rows and slots stay the whole token's. (H200 trace, T=128, 2 ranks:
-/// plan ready at 8.5 us with the serial scan, 6.3 us like this; a fully unrolled scan was far worse, ~30 us, as its
-/// straight-line code missed the instruction cache.)
+/// the whole CTA works on the plan instead of one warp scanning serially. (H200 trace, T=128, 2 ranks: plan ready at
+/// 8.5 us with the serial scan, 6.3 us like this; a fully unrolled scan was far worse, ~30 us, as its straight-line
+/// code missed the instruction cache.) only_dst >= 0 leaves open only the token's message to that rank (the dispatch
+/// send's split by destination); rows and slots stay those of the whole token.
 template <int kMaxK>
 __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K, LlOp op,
                           uint32_t seq, PlanScratch* sc, TokenPlan* out, int only_dst) {
