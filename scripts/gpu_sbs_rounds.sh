@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Interleaved A/B rounds on the GPU machine, the method of bench/RESULTS.md since session 24: every variant built in
 # parallel, correctness on the working tree first, then bench/ll_side_by_side.py --systems llep once per variant per
-# round (variants interleaved, so the machine's drift hits all of them), and bench/compare_rounds.py printing each
-# variant against the first, round by round. Logs and JSON go into $OUT/logs.tgz; the comparison is printed last.
+# round (variants interleaved, every other round in reverse order, so the machine's drift hits all of them), and
+# bench/compare_rounds.py printing each variant against the first, round by round. Logs and JSON go into $OUT/logs.tgz; the comparison is printed last.
 #
 #   scripts/gpu_sbs_rounds.sh [NAME=TREE[:VAR=VALUE[:VAR=VALUE...]] ...]      (default: base=.base new=new)
 #
@@ -17,8 +17,13 @@
 #   LLEP_SBS_TIMEOUT     seconds per benchmark run (default 300)
 #   LLEP_SBS_TEST        gpu_vs_cpu.py arguments for the working tree first (e.g. "--quick --ranks 2"); a failure stops
 #   LLEP_GRAPH_TEST_ARGS graph_test.py arguments for the working tree first (e.g. "--ranks 2 --steps 400")
+#   LLEP_SBS_BAD_INPUTS=1 tests/python/test_bad_inputs.py --device cuda on the working tree first; a failure stops
 #   LLEP_SBS_DEEPEP=1    also one llep + DeepEP run of the working tree at the end (carry .baseline: a copy of
 #                        ../shared/baseline, never committed), saved as $OUT/sbs_dual.json and .png
+#   LLEP_SBS_DUALS=1     every run with DeepEP beside it (--systems llep,deepep; carry .baseline), so each variant's
+#                        runs carry their own DeepEP columns: the method of bench/RESULTS.md since session 39. The
+#                        JSON files also go to $OUT (small), and bench/sbs_tables.py prints each variant's ranges
+#                        with DeepEP's at the end (`sbs_tables.py ratios $OUT/sbs_new_*.json` makes README's table)
 #   LLEP_SBS_DUAL_ENV    VAR=VALUE pairs (space-separated) for that run, e.g. LLEP_SBS_EXPERT_SIDE=1
 #   LLEP_SBS_BUDGET_S    no run starts after this many seconds (default 540: the device's 10-minute command limit)
 set -uo pipefail
@@ -50,7 +55,8 @@ for tree in "${trees[@]}"; do
   (cd "$tree" && LLEP_DEPS_PREFIX="$PWD/.deps" scripts/gpu_build.sh) > "$LOGS/build_${tree//\//_}.log" 2>&1 &
   build_pid[$tree]=$!
 done
-[ "${LLEP_SBS_DEEPEP:-0}" = 1 ] && start_deepep_build
+duals="${LLEP_SBS_DUALS:-0}"
+{ [ "${LLEP_SBS_DEEPEP:-0}" = 1 ] || [ "$duals" = 1 ]; } && start_deepep_build
 wait_llep_build "$LOGS/build_new.log"
 for tree in "${!build_pid[@]}"; do
   wait "${build_pid[$tree]}" || { tail -30 "$LOGS/build_${tree//\//_}.log"; exit 1; }
@@ -74,20 +80,38 @@ if [ -n "${LLEP_GRAPH_TEST_ARGS:-}" ]; then
   [ $rc = 0 ] || { tail -30 "$LOGS/graph_test.log"; exit 1; }
 fi
 
+if [ "${LLEP_SBS_BAD_INPUTS:-0}" = 1 ]; then
+  PYTHONPATH="$new_pkg" timeout 200 python3 tests/python/test_bad_inputs.py --device cuda > "$LOGS/bad_inputs.log" 2>&1
+  rc=$?; step "bad inputs rc=$rc"; tail -1 "$LOGS/bad_inputs.log"
+  [ $rc = 0 ] || { tail -30 "$LOGS/bad_inputs.log"; exit 1; }
+fi
+
 args="${LLEP_SBS_ARGS:-}"
+systems=llep deepep_pp=""
+if [ "$duals" = 1 ]; then
+  wait_deepep_build
+  [ -n "$deepep_path" ] || { echo "gpu_sbs_rounds: LLEP_SBS_DUALS=1 but DeepEP did not build" >&2; exit 1; }
+  systems=llep,deepep deepep_pp=":$deepep_path"
+  step "DeepEP built"
+fi
 run_s() { local l; l=$(left); echo $((l < ${LLEP_SBS_TIMEOUT:-300} ? l : ${LLEP_SBS_TIMEOUT:-300})); }
 for round in $(seq 1 "${LLEP_ROUNDS:-3}"); do
-  for i in "${!names[@]}"; do
+  order=("${!names[@]}")  # odd rounds in the given order, even rounds reversed (a, b, b, a, a, b): neither variant
+  [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "${order[@]}" | tac)  # always first or after one
+  for i in "${order[@]}"; do
     [ "$(left)" -gt 45 ] || { step "budget spent: round $round not finished"; break 2; }
     # shellcheck disable=SC2086
-    env ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")" timeout "$(run_s)" python3 bench/ll_side_by_side.py \
-      --systems llep --json "$LOGS/sbs_${names[$i]}_$round.json" $args > "$LOGS/sbs_${names[$i]}_$round.log" 2>&1
+    env ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")$deepep_pp" timeout "$(run_s)" \
+      python3 bench/ll_side_by_side.py --systems "$systems" --json "$LOGS/sbs_${names[$i]}_$round.json" $args \
+      > "$LOGS/sbs_${names[$i]}_$round.log" 2>&1
     step "${names[$i]} round $round rc=$?"
+    rm -f "$LOGS/sbs_${names[$i]}_$round.png"
+    [ "$duals" = 1 ] && cp "$LOGS/sbs_${names[$i]}_$round.json" "$OUTDIR/" 2>/dev/null
   done
 done
 
 if [ "${LLEP_SBS_DEEPEP:-0}" = 1 ]; then
-  wait_deepep_build
+  [ "$duals" = 1 ] || wait_deepep_build
   if [ -n "$deepep_path" ] && [ "$(left)" -gt 45 ]; then
     # shellcheck disable=SC2086
     env ${LLEP_SBS_DUAL_ENV:-} PYTHONPATH="$new_pkg:$deepep_path" timeout "$(run_s)" python3 bench/ll_side_by_side.py \
@@ -97,5 +121,6 @@ if [ "${LLEP_SBS_DEEPEP:-0}" = 1 ]; then
   fi
 fi
 [ ${#names[@]} -gt 1 ] && python3 bench/compare_rounds.py "$LOGS" "${names[0]}" "${names[@]:1}" | tee "$LOGS/compare_rounds.txt"
+[ "$duals" = 1 ] && python3 bench/sbs_tables.py ranges "$LOGS" "${names[@]}" | tee "$LOGS/ranges.txt"
 [ -f "$LOGS/sbs_dual.log" ] && sed -n '/^llep vs DeepEP/,$p' "$LOGS/sbs_dual.log"
 exit 0

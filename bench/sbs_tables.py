@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Tables from bench/ll_side_by_side.py --json files of llep + DeepEP runs (one call's A/B, or a README table).
+
+  sbs_tables.py ranges DIR VARIANT [VARIANT ...] [--columns h_ds,k_disp,...]
+      per T and column, each variant's llep range over its runs (DIR/sbs_<variant>_*.json, as
+      scripts/gpu_sbs_rounds.sh names them) and DeepEP's range over all of them: "min–max" in µs. The A/B table of an
+      interleaved call, DeepEP beside every run, so the machine's drift shows in its column.
+  sbs_tables.py ratios FILE [FILE ...]
+      per T the range over the files of llep / DeepEP per column, each ratio taken within one run (the README's
+      table): kernels, hook send and receive, the paired eager round trip, one graph replay, graph16 (with both
+      systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired).
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_cs', 'h_cr', 'k_comb', 'graph16', 'eager', 'cpu_d', 'cpu_c')
+
+
+def _rows(path):
+    with open(path) as f:
+        return {r['T']: r for r in json.load(f)['rows']}
+
+
+def span(values, digits):
+    """'a–b' (or 'a' when equal at that precision) of the non-missing values; '-' when none."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return '-'
+    lo, hi = f'{min(vals):.{digits}f}', f'{max(vals):.{digits}f}'
+    return lo if lo == hi else f'{lo}–{hi}'
+
+
+def ranges(directory, variants, columns):
+    runs = {v: [_rows(p) for p in sorted(glob.glob(os.path.join(directory, f'sbs_{v}_*.json')))] for v in variants}
+    missing = [v for v in variants if not runs[v]]
+    if missing:
+        raise SystemExit(f'sbs_tables: no sbs_<variant>_*.json in {directory} for {", ".join(missing)}')
+    all_runs = [r for v in variants for r in runs[v]]
+    tokens = sorted(set.intersection(*(set(r) for r in all_runs)))
+    lines = ['| T | column | ' + ' | '.join(variants) + ' | DeepEP |', '|---' * (len(variants) + 3) + '|']
+    for t in tokens:
+        for c in columns:
+            cells = [span([r[t].get(f'llep_{c}') for r in runs[v]], 1) for v in variants]
+            lines.append(f'| {t} | {c} | ' + ' | '.join(cells) +
+                         f' | {span([r[t].get(f"deepep_{c}") for r in all_runs], 1)} |')
+    return lines
+
+
+def _ratio(row, c):
+    a, b = row.get(f'llep_{c}'), row.get(f'deepep_{c}')
+    return a / b if a is not None and b else None
+
+
+def ratios(paths):
+    runs = [_rows(p) for p in paths]
+    tokens = sorted(set.intersection(*(set(r) for r in runs)))
+    lines = ['| T | dispatch kernel | combine kernel | hook dispatch send / receive | hook combine send / receive | '
+             'eager round trip (paired) | one graph replay | graph16 | host CPU dispatch / combine (paired) |',
+             '|---' * 9 + '|']
+    for t in tokens:
+        rs = [r[t] for r in runs]
+
+        def rr(c):
+            return span([_ratio(r, c) for r in rs], 2)
+
+        def us(c):
+            return f'{span([r.get(f"llep_{c}") for r in rs], 1)} vs {span([r.get(f"deepep_{c}") for r in rs], 1)} µs'
+
+        d_recv = rr('h_dr') + (f' ({us("h_dr")})' if t == tokens[0] else '')
+        g16 = rr('graph16') + (f' ({us("graph16")})' if t == tokens[0] else '')
+        cells = [rr('k_disp'), rr('k_comb'), f'{rr("h_ds")}, {d_recv}', f'{rr("h_cs")}, {rr("h_cr")}',
+                 span([r.get('ratio_eager_p') for r in rs], 2), rr('graph'), g16,
+                 f'{span([r.get("ratio_cpu_d_p") for r in rs], 2)}, {span([r.get("ratio_cpu_c_p") for r in rs], 2)}']
+        lines.append(f'| {t} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest='mode', required=True)
+    a = sub.add_parser('ranges')
+    a.add_argument('dir')
+    a.add_argument('variants', nargs='+')
+    a.add_argument('--columns', default=','.join(RANGE_COLUMNS))
+    b = sub.add_parser('ratios')
+    b.add_argument('files', nargs='+')
+    args = ap.parse_args(argv)
+    if args.mode == 'ranges':
+        lines = ranges(args.dir, args.variants, args.columns.split(','))
+    else:
+        lines = ratios(args.files)
+    print('\n'.join(lines))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,56 @@
+"""bench/sbs_tables.py on made-up ll_side_by_side.py JSON files (no GPU): the A/B ranges per variant with DeepEP's over
+all runs, and the README's ratio table with each ratio taken within its own run."""
+import json
+import os
+import subprocess
+import sys
+
+BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'bench', 'sbs_tables.py')
+
+
+def _run_file(path, scale, deepep):
+    """A run with T in {1, 8}: llep's µs = scale * base, DeepEP's fixed; paired ratios given."""
+    rows = []
+    for t, base in ((1, 10.0), (8, 20.0)):
+        r = {'T': t, 'T_max': t, 'deepep_refuses_T': False}
+        for c in ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'graph', 'graph16', 'eager', 'cpu_d', 'cpu_c'):
+            r[f'llep_{c}'] = scale * base
+            r[f'deepep_{c}'] = deepep * base
+        r.update(ratio_eager_p=0.6 * scale, ratio_cpu_d_p=0.4 * scale, ratio_cpu_c_p=0.5 * scale)
+        rows.append(r)
+    with open(path, 'w') as f:
+        json.dump({'rows': rows}, f)
+
+
+def _tables(*args):
+    out = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, check=True).stdout
+    return [line.split(' | ') for line in out.splitlines()[2:]]
+
+
+def test_ranges_per_variant_with_deepep_over_all_runs(tmp_path):
+    _run_file(tmp_path / 'sbs_new_1.json', 1.0, 2.0)
+    _run_file(tmp_path / 'sbs_new_2.json', 1.1, 2.2)
+    _run_file(tmp_path / 'sbs_base_1.json', 1.5, 2.4)
+    rows = _tables('ranges', str(tmp_path), 'new', 'base', '--columns', 'k_disp,graph16')
+    assert rows[0] == ['| 1', 'k_disp', '10.0–11.0', '15.0', '20.0–24.0 |']
+    assert rows[3] == ['| 8', 'graph16', '20.0–22.0', '30.0', '40.0–48.0 |']
+    assert len(rows) == 4
+
+
+def test_ranges_refuses_a_variant_without_files(tmp_path):
+    _run_file(tmp_path / 'sbs_new_1.json', 1.0, 2.0)
+    r = subprocess.run([sys.executable, BENCH, 'ranges', str(tmp_path), 'new', 'gone'], capture_output=True, text=True)
+    assert r.returncode != 0 and 'gone' in r.stderr
+
+
+def test_ratios_within_each_run(tmp_path):
+    # run a: llep 10 vs DeepEP 20 (0.50); run b: 11 vs 20 (0.55): the range 0.50–0.55, not 10–11 over 20 mixed.
+    _run_file(tmp_path / 'a.json', 1.0, 2.0)
+    _run_file(tmp_path / 'b.json', 1.1, 2.0)
+    rows = _tables('ratios', str(tmp_path / 'a.json'), str(tmp_path / 'b.json'))
+    t1, t8 = rows
+    assert t1[0] == '| 1' and t1[1] == '0.50–0.55' and t1[2] == '0.50–0.55'
+    assert t1[3] == '0.50–0.55, 0.50–0.55 (10.0–11.0 vs 20.0 µs)'
+    assert t1[5] == '0.60–0.66'
+    assert t1[8] == '0.40–0.44, 0.50–0.55 |'
+    assert t8[3] == '0.50–0.55, 0.50–0.55'  # µs shown at the first T only
