@@ -356,6 +356,46 @@ def _carried_plan_cases(rank, R, gloo, log):
     cpu.destroy()
 
 
+def _split_at_the_grid_boundary(rank, R, gloo, log):
+    """The dispatch send splits each token by destination when T * P <= CTAs (P = R rounded up to a power of two;
+    kernels/cuda/ll_dispatch_send.cuh): with exactly T * P CTAs every CTA carries one token's copy to one rank and the
+    last ones also count a destination's routes; with one CTA fewer no token is split. Grids set by LLEP_NUM_CTAS, FP8
+    and BF16, hooks off and on, against the CPU backend bit for bit."""
+    n, H, E, K = 8, 2048, 16 * R, 8
+    P = 1 << (R - 1).bit_length()
+    E_loc, rows = E // R, R * n
+    dev = torch.device('cuda', torch.cuda.current_device())
+    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    cpu.backend = 'cpu'
+    errs = []
+    before = os.environ.get('LLEP_NUM_CTAS')
+    for ctas, what in ((n * P, 'split, the last CTAs also counting'), (n * P - 1, 'one CTA fewer: not split')):
+        os.environ['LLEP_NUM_CTAS'] = str(ctas)
+        try:
+            gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+        finally:
+            if before is None:
+                del os.environ['LLEP_NUM_CTAS']
+            else:
+                os.environ['LLEP_NUM_CTAS'] = before
+        gpu.backend = 'cuda'
+        for it, (mode, hook) in enumerate((('fp8', False), ('bf16', True), ('fp8', True))):
+            x, topk, w = _inputs(rank, 30 + it, n, H, E, K, 'hot' if it == 1 else 'random')
+            y = _expert_out(rank, 30 + it, E_loc, rows, H)
+            ref = _run(cpu, x, topk, w, y, n, E, mode, False, False, False, None, None, None)
+            got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), n, E, mode, hook, False, False, None, None,
+                       None)
+            torch.cuda.synchronize()
+            gpu.check_errors()
+            if gpu.runtime.num_ctas != ctas:
+                errs.append(f'the buffer runs {gpu.runtime.num_ctas} CTAs, {ctas} asked')
+            errs.extend(f'{ctas} CTAs ({what}), {mode}{" hook" if hook else ""}: {m}'
+                        for m in _compare(ref, got, E_loc))
+        gpu.destroy()
+    cpu.destroy()
+    log({'case': 'dispatch_split_at_the_grid_boundary', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
+
+
 def _expert_side_uneven_batches(rank, R, gloo, log, backend='cuda'):
     """combine_weights with a rank that has no tokens (an empty micro-batch: its weights tensor's data_ptr() is 0, and
     it must still say it carries weights, or its peers' messages disagree with it) and ranks of different sizes,
@@ -525,6 +565,7 @@ def _worker(rank, R, port, cases, results_path, ranks_per_node):
             log({'case': case[0], 'rank': rank, 'ok': False, 'errors': [traceback.format_exc()[-1500:]]})
             raise
     _carried_plan_cases(rank, R, gloo, log)
+    _split_at_the_grid_boundary(rank, R, gloo, log)
     _expert_side_uneven_batches(rank, R, gloo, log)
     _profiler_sees_one_kernel_per_op(rank, R, gloo, log)
     os.environ['LLEP_TIMEOUT_S'] = '3'
