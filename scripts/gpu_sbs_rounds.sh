@@ -2,7 +2,8 @@
 # Interleaved A/B rounds on the GPU machine, the method of bench/RESULTS.md since session 24: every variant built in
 # parallel, correctness on the working tree first, then bench/ll_side_by_side.py --systems llep once per variant per
 # round (variants interleaved, every other round in reverse order, so the machine's drift hits all of them), and
-# bench/compare_rounds.py printing each variant against the first, round by round. Logs and JSON go into $OUT/logs.tgz; the comparison is printed last.
+# bench/compare_rounds.py printing each variant against the first, round by round. Logs and JSON go into
+# $OUT/logs.tgz; the comparison is printed last.
 #
 #   scripts/gpu_sbs_rounds.sh [NAME=TREE[:VAR=VALUE[:VAR=VALUE...]] ...]      (default: base=.base new=new)
 #
