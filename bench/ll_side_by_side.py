@@ -5,7 +5,11 @@ the DeepSeek-V3 decode shape (hidden 7168, top-8, 256 experts, FP8 dispatch, BF1
 Columns, per system (medians of --iters, then the maximum over ranks: the slowest rank bounds a step):
   k.disp / k.comb     profiler (kineto) kernel times, one launch per op; the GPU is kept busy ahead (a GPU sleep
                       and a barrier) so the host is queued ahead, as DeepEP's bench_kineto does
-  h.ds h.dr h.cs h.cr hook mode: send and receive launches of dispatch and combine apart (kernel times)
+  h.ds h.dr h.cs h.cr hook mode: send and receive launches of dispatch and combine apart (kernel times). The receive
+                      is launched right behind its own send, so it also waits for the peers' sends: a send that ends
+                      sooner can move time into its receive (bench/RESULTS.md session 42)
+  h.dra h.cra         the same receives launched once the data has arrived (a GPU spin of ~25 µs between each send
+                      and its receive): the receive's own cost, as in an engine that overlaps it with compute
   eager               host-inclusive round trip: stream synchronised and ranks met (barrier), then one CUDA event,
                       low_latency_dispatch + low_latency_combine from Python, one CUDA event. No GPU sleep: the
                       host's cost per call is in the number, as in an engine that does not capture graphs
@@ -50,9 +54,10 @@ from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group
 
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
-COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'eager', 'graph', 'graph16', 'cpu_d', 'cpu_c',
-           'cpu_d_dd', 'cpu_c_dd')
+COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_dra', 'h_cra', 'eager', 'graph', 'graph16', 'cpu_d',
+           'cpu_c', 'cpu_d_dd', 'cpu_c_dd')
 GRAPH_ROUND_TRIPS = 16
+ARRIVAL_SPIN_CYCLES = 50_000  # h.dra / h.cra: ~25 µs at H100 / H200 clocks, past the ranks' skew at these sizes
 
 
 
@@ -220,10 +225,14 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     def plain():
         c(d())
 
-    def hooked():
+    def hooked(spin=0):
         _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
+        if spin:
+            torch.cuda._sleep(spin)
         hook()
         _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
+        if spin:
+            torch.cuda._sleep(spin)
         chook()
 
     for _ in range(20):
@@ -237,6 +246,8 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     kh = _kernel_times(hooked, iters)
     r['h_ds'], r['h_dr'] = med(kh['dispatch'][0::2]), med(kh['dispatch'][1::2])
     r['h_cs'], r['h_cr'] = med(kh['combine'][0::2]), med(kh['combine'][1::2])
+    ka = _kernel_times(lambda: hooked(ARRIVAL_SPIN_CYCLES), iters)
+    r['h_dra'], r['h_cra'] = med(ka['dispatch'][1::2]), med(ka['combine'][1::2])
     r['eager'] = _eager_times(plain, iters)
     r['graph'] = _graph_time(plain, 1, iters)
     r['graph16'] = _graph_time(plain, GRAPH_ROUND_TRIPS, iters) / GRAPH_ROUND_TRIPS
@@ -361,9 +372,9 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
             else:
                 cells.append(f'{a:>6.1f}/{b:>5.1f} {a / b:>4.2f}')
         print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
-    print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c), eager = host-inclusive round '
-          'trip, graph = one replay of both, graph16 = per round trip in a graph of 16, cpu = host µs per call (_dd: '
-          'with a default device)')
+    print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c; h_dra / h_cra: the receives '
+          'launched once the data arrived), eager = host-inclusive round trip, graph = one replay of both, graph16 = '
+          'per round trip in a graph of 16, cpu = host µs per call (_dd: with a default device)')
     refused = [r['T'] for r in rows if r['deepep_refuses_T']]
     if refused:
         print(f'DeepEP refuses num_max_dispatch_tokens_per_rank = T for T in {refused} (R * T % 4 != 0): both ran '

@@ -16,7 +16,8 @@ import json
 import os
 import sys
 
-RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_cs', 'h_cr', 'k_comb', 'graph16', 'eager', 'cpu_d', 'cpu_c')
+RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_dra', 'h_cs', 'h_cr', 'h_cra', 'k_comb', 'graph16', 'eager', 'cpu_d',
+                 'cpu_c')
 
 
 def _rows(path):
