@@ -358,9 +358,9 @@ def _carried_plan_cases(rank, R, gloo, log):
 
 def _split_at_the_grid_boundary(rank, R, gloo, log):
     """The dispatch send splits each token by destination when T * P <= CTAs (P = R rounded up to a power of two;
-    kernels/cuda/ll_dispatch_send.cuh): with exactly T * P CTAs every CTA carries one token's copy to one rank and the
-    last ones also count a destination's routes; with one CTA fewer no token is split. Grids set by LLEP_NUM_CTAS, FP8
-    and BF16, hooks off and on, against the CPU backend bit for bit."""
+    kernels/cuda/ll_dispatch_send.cuh): with exactly T * P CTAs, CTA b carries token b / P's copy to rank b % P (none
+    where b % P >= R) and the last CTAs also count a destination's routes; with one CTA fewer no token is split. Grids
+    set by LLEP_NUM_CTAS, FP8 and BF16, hooks off and on, against the CPU backend bit for bit."""
     n, H, E, K = 8, 2048, 16 * R, 8
     P = 1 << (R - 1).bit_length()
     E_loc, rows = E // R, R * n
