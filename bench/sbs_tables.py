@@ -11,10 +11,12 @@
       systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired).
 """
 import argparse
-import glob
 import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_rounds import load_rounds  # noqa: E402  (bench/: the same files, the same naming)
 
 RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_dra', 'h_cs', 'h_cr', 'h_cra', 'k_comb', 'graph16', 'eager', 'cpu_d',
                  'cpu_c')
@@ -35,7 +37,7 @@ def span(values, digits):
 
 
 def ranges(directory, variants, columns):
-    runs = {v: [_rows(p) for p in sorted(glob.glob(os.path.join(directory, f'sbs_{v}_*.json')))] for v in variants}
+    runs = {v: list(load_rounds(directory, v).values()) for v in variants}
     missing = [v for v in variants if not runs[v]]
     if missing:
         raise SystemExit(f'sbs_tables: no sbs_<variant>_*.json in {directory} for {", ".join(missing)}')
