@@ -12,6 +12,8 @@
 namespace llep::kernels::cuda {
 namespace {
 
+constexpr int kRowPieces = 4;  // CombineSend's pieces per row when it has few rows
+
 /// The expert-side combine's send (a dispatch that carried combine_weights; kernels/EXPERT_SIDE_COMBINE.md). Per
 /// message that dispatch received (ExpertPlanArea, found by the handle's plan key), the message's rows are reduced in
 /// its header's order with fp32 fma, rounded once to bf16 and stored at the token's position of the home rank's receive
@@ -172,10 +174,41 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   if ((seq = gate.Open()) == 0) return;
   const int half = protocol::HalfOfSeq(seq);
 
+  // Few rows (T=1 at decode: pos_total * kRowPieces <= G) on an NVLink-only buffer: each row is copied in kRowPieces
+  // pieces of whole 512-byte words by as many CTAs, one pass each, instead of two dependent passes of one warp; a
+  // piece counts one completion. Its own loop, before the row loop (which then runs no row), so the row loop's code
+  // stays as it was: the pieces folded into that loop made every T slower, unsplit T=256 too
+  // (bench/experiments/combine-send-row-pieces.patch). Like this, at T=1 on 4 x H200: combine kernel 11.6 -> 11.1 us,
+  // hook combine send 7.2 -> 6.8 (0.98x DeepEP's), other T level (bench/RESULTS.md session 43).
+  const bool pieces = c.proxy_region == nullptr && pos_total * kRowPieces <= G;
+  if (pieces) {
+    const int64_t piece = protocol::AlignUp((row_bytes + kRowPieces - 1) / kRowPieces, 512);
+    for (int q = warp * G + blockIdx.x; q < pos_total * kRowPieces; q += G * kWarps) {
+      const int m = q / kRowPieces;
+      const int blk = FindBlock(pos, E, m), d = L.local_experts.Div(blk), le = blk - d * E_loc;
+      const int i = m - pos[blk];
+      const int64_t src_row = beg[blk] + i;
+      const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
+                                        : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
+      uint8_t* const dst = PeerBase(c, lane_peer, d) + L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
+      const int64_t first = (q % kRowPieces) * piece, end = rows_to[d] < 0 ? 0 : min(row_bytes, first + piece);
+      for (int64_t base = first; base < end; base += kCopyPassBytes) {
+        const int pass = static_cast<int>(min(end - base, kCopyPassBytes));
+        uint4 v[kCopyRegs];
+        LoadCopyPass(src + base, pass, v);
+        StoreCopyPass(dst + base, pass, v);
+      }
+      gpu::WarpSync();
+      if (lane == 0 && rows_to[d] >= 0) {
+        FenceBeforeCount(false);
+        AddDone(c, LlOp::kCombine, half, d);
+      }
+    }
+  }
   // Rows numbered in pos order (one scan before the gate, not a second one of the rows that are sent); the rows of
   // a destination whose total was refused above are skipped (its signal says 0 rows, so none is counted). The skip
   // is a zero byte count, not a branch around the body: a `continue` here made ptxas spill.
-  for (int m = warp * G + blockIdx.x; m < pos_total; m += G * kWarps) {
+  for (int m = warp * G + blockIdx.x; m < (pieces ? 0 : pos_total); m += G * kWarps) {
     const int blk = FindBlock(pos, E, m), d = L.local_experts.Div(blk), le = blk - d * E_loc;
     const int i = m - pos[blk];
     const int64_t src_row = beg[blk] + i;
@@ -220,7 +253,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
   for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
     const auto n = static_cast<uint32_t>(max(rows_to[d], 0));
-    PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, n, false);
+    PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, pieces ? n * kRowPieces : n, false);
   }
 }
 
