@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Where a receive-only launch spends its time (issue #19, the receive launch's fixed cost), on each rank.
 
-Hook mode, the kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each op it prints, per trace
-point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel ('entered' is stamped before
-the call state is read), and the profiler's duration of the same receive kernel, so the part of the launch no CTA
-stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
+Hook mode, the kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each
+op it prints, per trace point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel
+('entered' is stamped before the call state is read), and the profiler's duration of the same receive kernel launched
+~25 µs after its send (ll_side_by_side.py's h_dra / h_cra: every peer's data there, as in the timelines), so the part
+of the launch no CTA stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
 
 --ranks R (default 1) runs R ranks, one per GPU (round-robin if fewer GPUs: then not a timing), and prints every rank's
 lines: at EP4 the dispatch receive is 1.2-1.8x DeepEP's where at one rank nothing crosses NVLink (bench/RESULTS.md
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_times import kernel_times  # bench/kernel_times.py
+from ll_side_by_side import ARRIVAL_SPIN_CYCLES  # bench/ll_side_by_side.py (h_dra / h_cra)
 from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
@@ -79,11 +81,18 @@ def _worker(rank, R, port, tokens, iters):
 
         y = torch.zeros((E_loc, R * T_top, H), dtype=torch.bfloat16, device=dev)  # the local experts' outputs
 
-        def round_trip():
+        def round_trip(spin=0):
+            # spin: GPU cycles between each send and its receive (ll_side_by_side.py's h_dra / h_cra), so that the
+            # profiler times a receive launched once every peer's data is there, as the timelines below are. Without
+            # it a receive queued behind its send also waits for the slowest rank (20-48 us at EP4, session 43).
             state['d'] = buf.low_latency_dispatch(x, topk, T_top, E, return_recv_hook=True)
+            if spin:
+                torch.cuda._sleep(spin)
             state['d'][-1]()
             handle = state['d'][2]
             _, _, ch = buf.low_latency_combine(y, topk, w, handle, return_recv_hook=True)
+            if spin:
+                torch.cuda._sleep(spin)
             ch()
 
         def settle():  # this launch finished on every rank
@@ -108,7 +117,7 @@ def _worker(rank, R, port, tokens, iters):
         ch()
         settle()
         lines['cr'] = timeline(buf, 1, RECV)
-        ks = kernel_times(round_trip, iters, torch.cuda.synchronize)
+        ks = kernel_times(lambda: round_trip(ARRIVAL_SPIN_CYCLES), iters, torch.cuda.synchronize)
         settle()
         med = {f'{op}_{ph}': statistics.median(ks[op][i::2]) for op in ks for i, ph in ((0, 'send'), (1, 'recv'))}
         who = f'T={T}' + (f' rank {rank}' if R > 1 else '')
