@@ -35,7 +35,8 @@ expert side (kernels/EXPERT_SIDE_COMBINE.md); DeepEP's calls are unchanged.
 
 Ranks: one process per GPU (--ranks defaults to the visible GPUs). --ranks larger than the GPU count makes ranks
 share GPUs: the protocol runs, the times do not mean anything (the table says so). Output: a table last,
---json PATH (all numbers) and a PNG plot of eager and graph round trips vs T beside it (PATH with .png).
+--json PATH (all numbers; each column of the main table also per rank, <system>_<column>_ranks) and a PNG plot of
+eager and graph round trips vs T beside it (PATH with .png).
 """
 import argparse
 import faulthandler
@@ -293,6 +294,14 @@ def _max_over_ranks(v):
     return t.item()
 
 
+def _every_rank(v):
+    """v of every rank, in rank order (the JSON's <system>_<column>_ranks: which rank set the maximum)."""
+    t = torch.tensor([float(v)], dtype=torch.float64)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [round(x.item(), 3) for x in out]
+
+
 def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '500')), exit=True)
     ngpu = torch.cuda.device_count()
@@ -322,8 +331,10 @@ def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
                 notes[f'{name} T={T}'] = f'{type(e).__name__}: {e}'
                 print(f'[rank {rank}] {name} T={T}: {type(e).__name__}: {e}', flush=True)
                 raise
-            r = {k: _max_over_ranks(v) for k, v in r.items()}
+            every = {k: _every_rank(v) for k, v in r.items()}
+            r = {k: max(vs) for k, vs in every.items()}
             rows[T].update({f'{name}_{k}': v for k, v in r.items()})
+            rows[T].update({f'{name}_{k}_ranks': vs for k, vs in every.items()})
             if rank == 0:
                 print(f'[{time.strftime("%H:%M:%S")}] {name} T={T} (T_max {T_max}): ' +
                       ', '.join(f'{k} {v:.1f}' for k, v in r.items()), flush=True)

@@ -2,6 +2,7 @@
 with the order swapped every iteration, each system is called as often as the other, and each cell's ratio is the
 median of per-iteration ratios, so a host that changes speed between iterations (here 3x, every 15 iterations) moves
 both sides of every ratio and none of the ratios, while the per-system medians mix the two speeds."""
+import json
 import os
 import sys
 
@@ -115,3 +116,26 @@ def test_one_system_columns_use_the_same_sampling(fake_gpu):
     d_us, c_us = sbs._cpu_times(dispatch, combine, iters)
     assert (d_us, c_us) == (pytest.approx(ld), pytest.approx(lc))
     assert llep.n == iters
+
+
+def _every_rank_worker(rank, port, out_dir):
+    from local_group import init_gloo  # bench/local_group.py (on the path through the module import above)
+    init_gloo(rank, 2, port, 60)
+    try:
+        vs = sbs._every_rank(1.25 + 2 * rank)
+        with open(os.path.join(out_dir, f'r{rank}.txt'), 'w') as f:
+            json.dump([vs, sbs._max_over_ranks(1.25 + 2 * rank)], f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_returns_each_ranks_value_in_rank_order(tmp_path):
+    """The JSON's per-rank columns (<system>_<column>_ranks): every rank gets all values in rank order, and the table's
+    maximum is their max. Two gloo processes on loopback."""
+    import torch.multiprocessing as mp
+    from local_group import free_port
+    mp.spawn(_every_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        vs, mx = json.loads((tmp_path / f'r{rank}.txt').read_text())
+        assert vs == [1.25, 3.25]
+        assert mx == max(vs) == 3.25
