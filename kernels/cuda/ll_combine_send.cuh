@@ -174,6 +174,24 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   if ((seq = gate.Open()) == 0) return;
   const int half = protocol::HalfOfSeq(seq);
 
+  // Row m in pos order: its block, destination, local expert, index in the block and source bytes. One definition for
+  // both loops below; inlined, their machine code is that of the two written out (scripts/cuda_sass_diff.sh).
+  struct Row {
+    int blk, d, le, i;
+    int64_t src_row;
+    const uint8_t* src;
+  };
+  const auto row_at = [&](int m) {
+    Row r;
+    r.blk = FindBlock(pos, E, m);
+    r.d = L.local_experts.Div(r.blk);
+    r.le = r.blk - r.d * E_loc;
+    r.i = m - pos[r.blk];
+    r.src_row = beg[r.blk] + r.i;
+    r.src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{r.le} * rows + r.src_row) * H)
+                         : c.local + L.CombineSendOffset(kZeroCopyHalf, r.le, r.src_row);
+    return r;
+  };
   // Few rows (T=1 at decode: pos_total * kRowPieces <= G) on an NVLink-only buffer: each row is copied in kRowPieces
   // pieces of whole 512-byte words by as many CTAs, one pass each, instead of two dependent passes of one warp; a
   // piece counts one completion. Its own loop, before the row loop (which then runs no row), so the row loop's code
@@ -184,12 +202,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   if (pieces) {
     const int64_t piece = protocol::AlignUp((row_bytes + kRowPieces - 1) / kRowPieces, 512);
     for (int q = warp * G + blockIdx.x; q < pos_total * kRowPieces; q += G * kWarps) {
-      const int m = q / kRowPieces;
-      const int blk = FindBlock(pos, E, m), d = L.local_experts.Div(blk), le = blk - d * E_loc;
-      const int i = m - pos[blk];
-      const int64_t src_row = beg[blk] + i;
-      const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
-                                        : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
+      const auto [blk, d, le, i, src_row, src] = row_at(q / kRowPieces);
       uint8_t* const dst = PeerBase(c, lane_peer, d) + L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
       const int64_t first = (q % kRowPieces) * piece, end = rows_to[d] < 0 ? 0 : min(row_bytes, first + piece);
       for (int64_t base = first; base < end; base += kCopyPassBytes) {
@@ -209,11 +222,7 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   // a destination whose total was refused above are skipped (its signal says 0 rows, so none is counted). The skip
   // is a zero byte count, not a branch around the body: a `continue` here made ptxas spill.
   for (int m = warp * G + blockIdx.x; m < (pieces ? 0 : pos_total); m += G * kWarps) {
-    const int blk = FindBlock(pos, E, m), d = L.local_experts.Div(blk), le = blk - d * E_loc;
-    const int i = m - pos[blk];
-    const int64_t src_row = beg[blk] + i;
-    const uint8_t* src = !p.zero_copy ? reinterpret_cast<const uint8_t*>(p.x + (int64_t{le} * rows + src_row) * H)
-                                      : c.local + L.CombineSendOffset(kZeroCopyHalf, le, src_row);
+    const auto [blk, d, le, i, src_row, src] = row_at(m);
     const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
     uint8_t* const peer = PeerBase(c, lane_peer, d);
     // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
