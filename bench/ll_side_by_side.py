@@ -288,18 +288,16 @@ def _paired_host(objs, rank, R, T, T_max, dev, iters):
     return per, ratio
 
 
-def _max_over_ranks(v):
-    t = torch.tensor([float(v)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
 def _every_rank(v):
     """v of every rank, in rank order (the JSON's <system>_<column>_ranks: which rank set the maximum)."""
     t = torch.tensor([float(v)], dtype=torch.float64)
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
-    return [round(x.item(), 3) for x in out]
+    return [x.item() for x in out]
+
+
+def _max_over_ranks(v):
+    return max(_every_rank(v))
 
 
 def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
