@@ -5,6 +5,18 @@ from typing import Callable, Dict, List
 import torch
 
 
+def gpu_ahead() -> None:
+    """Synchronise, meet the other ranks (torch.distributed), then keep this GPU busy ~50 ms so the host queues what
+    follows: the measured launches then run back to back, the ranks started together, and a kernel's time holds no
+    Python launch overhead and no host skew between ranks (recv_trace.py timed with a plain synchronise instead: the
+    host-paced receives of 3 ranks out of 4 waited ~40 µs for the slowest rank's send, bench/RESULTS.md session 44)."""
+    import torch.distributed as dist
+    torch.cuda.synchronize()
+    if dist.is_initialized():
+        dist.barrier()
+    torch.cuda._sleep(100_000_000)
+
+
 def kernel_times(fn: Callable[[], None], iters: int, gpu_ahead: Callable[[], None]) -> Dict[str, List[float]]:
     """Runs fn iters times under the profiler after gpu_ahead() (which keeps the GPU busy so the host queues the
     launches ahead) and returns the kineto durations (µs) of the kernels whose names hold '::dispatch' and

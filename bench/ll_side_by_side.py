@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kernel_times import kernel_times  # bench/kernel_times.py
+from kernel_times import gpu_ahead, kernel_times  # bench/kernel_times.py
 from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
@@ -72,15 +72,8 @@ def _inputs(rank, T, dev):
     return x, topk, w
 
 
-def _gpu_ahead():
-    """Synchronise, meet the other ranks, then keep this GPU busy ~50 ms so the host queues what follows."""
-    torch.cuda.synchronize()
-    dist.barrier()
-    torch.cuda._sleep(100_000_000)
-
-
 def _kernel_times(fn, iters):
-    return kernel_times(fn, iters, _gpu_ahead)
+    return kernel_times(fn, iters, gpu_ahead)
 
 
 def _eager_samples(fns, iters, order):
@@ -127,7 +120,7 @@ def _graph_time(round_trip, n, iters):
     return t
 
 
-CPU_CHUNK = 25  # iterations per _gpu_ahead(): the launches they queue never fill the launch queue nor outlast the sleep
+CPU_CHUNK = 25  # iterations per gpu_ahead(): the launches they queue never fill the launch queue nor outlast the sleep
 
 
 def _cpu_samples(calls, iters, order):
@@ -136,7 +129,7 @@ def _cpu_samples(calls, iters, order):
     ahead (re-armed every CPU_CHUNK iterations) so no call waits for the device. {name: ([dispatch µs], [combine µs])}."""
     out = {n: ([], []) for n in calls}
     for i0 in range(0, iters, CPU_CHUNK):
-        _gpu_ahead()
+        gpu_ahead()
         for i in range(i0, min(i0 + CPU_CHUNK, iters)):
             for n in order(i):
                 dispatch, combine = calls[n]

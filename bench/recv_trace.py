@@ -4,8 +4,11 @@
 Hook mode, the kernels' diagnostic timeline on (LLEP_KERNEL_TRACE=1). For a send launch and a receive launch of each
 op it prints, per trace point, the median / max (@ the CTA) over CTAs of µs since the first CTA entered the kernel
 ('entered' is stamped before the call state is read), and the profiler's duration of the same receive kernel launched
-~25 µs after its send (ll_side_by_side.py's h_dra / h_cra: every peer's data there, as in the timelines), so the part
-of the launch no CTA stamps (ramp-up before the first CTA, teardown after the last) shows as the difference.
+~25 µs after its send (ll_side_by_side.py's h_dra / h_cra; --spin-cycles sets the gap), so the part of the launch no
+CTA stamps (ramp-up before the first CTA, teardown after the last) shows as the difference. The profiled loop's last
+receives are printed too: in that loop (queued ahead, as ll_side_by_side.py's) the ranks drift apart and a rank's
+receive can still find a peer's signal missing however long the gap (bench/RESULTS.md session 44), which its own
+timeline then shows (`signals` late).
 
 --ranks R (default 1) runs R ranks, one per GPU (round-robin if fewer GPUs: then not a timing), and prints every rank's
 lines: at EP4 the dispatch receive is 1.2-1.8x DeepEP's where at one rank nothing crosses NVLink (bench/RESULTS.md
@@ -24,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_times import kernel_times  # bench/kernel_times.py
+from kernel_times import gpu_ahead, kernel_times  # bench/kernel_times.py
 from ll_side_by_side import ARRIVAL_SPIN_CYCLES  # bench/ll_side_by_side.py (h_dra / h_cra)
 from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
@@ -61,7 +64,7 @@ def timeline(buf, op, points):
     return ', '.join(cells)
 
 
-def _worker(rank, R, port, tokens, iters):
+def _worker(rank, R, port, tokens, iters, spin):
     os.environ['LLEP_KERNEL_TRACE'] = '1'
     import llep
     init_gloo(rank, R, port, 120)
@@ -117,22 +120,27 @@ def _worker(rank, R, port, tokens, iters):
         ch()
         settle()
         lines['cr'] = timeline(buf, 1, RECV)
-        ks = kernel_times(lambda: round_trip(ARRIVAL_SPIN_CYCLES), iters, torch.cuda.synchronize)
+        ks = kernel_times(lambda: round_trip(spin), iters, gpu_ahead)
         settle()
+        # The profiled loop's last receives (each op's newest launch): a rank whose profiler times sit in a slow mode
+        # shows here whether that time is inside the CTAs' stamps.
+        lines['dr_last'], lines['cr_last'] = timeline(buf, 0, RECV), timeline(buf, 1, RECV)
         med = {f'{op}_{ph}': statistics.median(ks[op][i::2]) for op in ks for i, ph in ((0, 'send'), (1, 'recv'))}
         who = f'T={T}' + (f' rank {rank}' if R > 1 else '')
         out += [f'{who}: profiler kernel durations (µs, median): ' + ', '.join(f'{k} {v:.2f}' for k, v in med.items()),
                 f'{who}: dispatch send launch, µs since the first CTA entered (median/max over CTAs): {lines["ds"]}',
                 f'{who}: dispatch receive launch: {lines["dr"]}',
                 f'{who}: combine send launch: {lines["cs"]}',
-                f'{who}: combine receive launch: {lines["cr"]}']
+                f'{who}: combine receive launch: {lines["cr"]}',
+                f'{who}: the profiled loop\'s last dispatch receive: {lines["dr_last"]}',
+                f'{who}: the profiled loop\'s last combine receive: {lines["cr_last"]}']
     buf.destroy()
     every = [None] * R
     dist.all_gather_object(every, out)
     if rank == 0:  # rank by rank, per T
-        for i in range(0, len(out), 5):
+        for i in range(0, len(out), 7):
             for r in range(R):
-                print('\n'.join(every[r][i:i + 5]), flush=True)
+                print('\n'.join(every[r][i:i + 7]), flush=True)
     dist.destroy_process_group()
 
 
@@ -141,6 +149,8 @@ def main():
     ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32, 128])
     ap.add_argument('--iters', type=int, default=100)
     ap.add_argument('--ranks', type=int, default=1, help='ranks, one per GPU (default 1)')
+    ap.add_argument('--spin-cycles', type=int, default=ARRIVAL_SPIN_CYCLES,
+                    help='GPU cycles between each profiled send and its receive (default: ll_side_by_side.py\'s)')
     args = ap.parse_args()
     if args.ranks < 1 or E % args.ranks:
         ap.error(f'--ranks must divide the {E} experts')
@@ -148,10 +158,11 @@ def main():
         print(f'WARNING: {args.ranks} ranks share {torch.cuda.device_count()} GPUs: the timelines are not timings')
     port = free_port()
     if args.ranks == 1:
-        _worker(0, 1, port, args.tokens, args.iters)
+        _worker(0, 1, port, args.tokens, args.iters, args.spin_cycles)
     else:
         import torch.multiprocessing as mp
-        mp.spawn(_worker, args=(args.ranks, port, args.tokens, args.iters), nprocs=args.ranks, join=True)
+        mp.spawn(_worker, args=(args.ranks, port, args.tokens, args.iters, args.spin_cycles), nprocs=args.ranks,
+                 join=True)
 
 
 if __name__ == '__main__':
