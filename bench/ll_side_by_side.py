@@ -8,8 +8,12 @@ Columns, per system (medians of --iters, then the maximum over ranks: the slowes
   h.ds h.dr h.cs h.cr hook mode: send and receive launches of dispatch and combine apart (kernel times). The receive
                       is launched right behind its own send, so it also waits for the peers' sends: a send that ends
                       sooner can move time into its receive (bench/RESULTS.md session 42)
-  h.dra h.cra         the same receives launched once the data has arrived (a GPU spin of ~25 µs between each send
-                      and its receive): the receive's own cost, as in an engine that overlaps it with compute
+  h.dra h.cra         the same receives launched ~25 µs after their sends (a GPU spin between), as in an engine that
+                      overlaps the receive with compute. Not always after the data arrived: in the queued loop the
+                      ranks drift apart by its slack, and the fastest rank's receives still wait for a peer's send
+                      (bench/RESULTS.md session 44)
+  h.drs h.crs         the receives launched once every rank's send finished (synchronise and barrier between, per
+                      iteration): the receive launch's own cost, no rank waiting for another
   eager               host-inclusive round trip: stream synchronised and ranks met (barrier), then one CUDA event,
                       low_latency_dispatch + low_latency_combine from Python, one CUDA event. No GPU sleep: the
                       host's cost per call is in the number, as in an engine that does not capture graphs
@@ -55,8 +59,8 @@ from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group
 
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
-COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_dra', 'h_cra', 'eager', 'graph', 'graph16', 'cpu_d',
-           'cpu_c', 'cpu_d_dd', 'cpu_c_dd')
+COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_dra', 'h_cra', 'h_drs', 'h_crs', 'eager', 'graph',
+           'graph16', 'cpu_d', 'cpu_c', 'cpu_d_dd', 'cpu_c_dd')
 GRAPH_ROUND_TRIPS = 16
 ARRIVAL_SPIN_CYCLES = 50_000  # h.dra / h.cra: ~25 µs at H100 / H200 clocks, past the ranks' skew at these sizes
 
@@ -70,6 +74,12 @@ def _inputs(rank, T, dev):
         topk[T // 2, K - 1] = -1  # a skipped slot, as engines send for padded or masked selections
     w = torch.rand((T, K), generator=g, device=dev)
     return x, topk, w
+
+
+def _settle():
+    """Every rank's GPU idle, then the ranks met: what each launched so far finished everywhere."""
+    torch.cuda.synchronize()
+    dist.barrier()
 
 
 def _kernel_times(fn, iters):
@@ -219,14 +229,18 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     def plain():
         c(d())
 
-    def hooked(spin=0):
+    def hooked(spin=0, settle=False):
         _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
         if spin:
             torch.cuda._sleep(spin)
+        if settle:
+            _settle()
         hook()
         _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
         if spin:
             torch.cuda._sleep(spin)
+        if settle:
+            _settle()
         chook()
 
     for _ in range(20):
@@ -242,6 +256,11 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     r['h_cs'], r['h_cr'] = med(kh['combine'][0::2]), med(kh['combine'][1::2])
     ka = _kernel_times(lambda: hooked(ARRIVAL_SPIN_CYCLES), iters)
     r['h_dra'], r['h_cra'] = med(ka['dispatch'][1::2]), med(ka['combine'][1::2])
+    # h_drs / h_crs: each receive launched once every rank's send finished (a synchronise and a barrier between), so
+    # no rank waits for another: the launch's own cost. In the queued loops above (h_dr, h_dra) the ranks drift apart
+    # by the loop's slack, so the fastest rank's receives wait for a peer's send however long the spin (RESULTS s44).
+    ks = kernel_times(lambda: hooked(settle=True), iters, _settle)
+    r['h_drs'], r['h_crs'] = med(ks['dispatch'][1::2]), med(ks['combine'][1::2])
     r['eager'] = _eager_times(plain, iters)
     r['graph'] = _graph_time(plain, 1, iters)
     r['graph16'] = _graph_time(plain, GRAPH_ROUND_TRIPS, iters) / GRAPH_ROUND_TRIPS
@@ -375,7 +394,7 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
                 cells.append(f'{a:>6.1f}/{b:>5.1f} {a / b:>4.2f}')
         print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
     print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c; h_dra / h_cra: the receives '
-          'launched once the data arrived), eager = host-inclusive round trip, graph = one replay of both, graph16 = '
+          'launched ~25 µs after their sends, h_drs / h_crs: once every rank\'s send finished), eager = host-inclusive round trip, graph = one replay of both, graph16 = '
           'per round trip in a graph of 16, cpu = host µs per call (_dd: with a default device)')
     refused = [r['T'] for r in rows if r['deepep_refuses_T']]
     if refused:
