@@ -166,13 +166,16 @@ __shared__ GateShared g_gate;
 /// A launch's call state (file comment). Constructed by every thread as the CTA starts: after one CTA barrier (the
 /// pending-error slot is clear), the gate thread reads the call state while the other warps start the phase. Open()
 /// is CTA-wide and returns the call's sequence number, 0 when the launch must do nothing (refused, recorded, or
-/// aborted); it may be called any number of times.
+/// aborted); it may be called any number of times. pending_before_open = false: no thread records a pending error
+/// before Open() (the receive-only dispatch), so the slot's clear needs no barrier of its own (Open()'s orders it) and
+/// the call state's loads start as the CTA does.
 class CallGate {
  public:
-  __device__ CallGate(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag) : c_(c), op_(op), phase_(phase) {
+  __device__ CallGate(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag, bool pending_before_open = true)
+      : c_(c), op_(op), phase_(phase) {
     if (threadIdx.x == 0) g_pending_error.code = 0;
     if (threadIdx.x == kGateThread) entered_ns_ = NowNs();
-    __syncthreads();
+    if (pending_before_open) __syncthreads();
     if (threadIdx.x == kGateThread) {
       g_gate.seq = (phase & kPhaseSend) ? TakeSendCall(c, op, &g_gate.n) : TakeReceiveCall(c, op, tag);
       TraceThis(c, op, kTraceCallRead);

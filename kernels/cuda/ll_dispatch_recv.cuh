@@ -92,6 +92,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   };
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
+  // Nothing before gate.Open() below records an error (a receive-only launch's gate relies on it: RunPhases).
   if (tid == 0) *failed = 0;
   const bool was_open = gate.is_open();
   // The route counts are tagged with their call (protocol::PackRouteCount), so thread i < E loads word i now, with
