@@ -5,15 +5,21 @@ from typing import Callable, Dict, List
 import torch
 
 
-def gpu_ahead() -> None:
-    """Synchronise, meet the other ranks (torch.distributed), then keep this GPU busy ~50 ms so the host queues what
-    follows: the measured launches then run back to back, the ranks started together, and a kernel's time holds no
-    Python launch overhead and no host skew between ranks (recv_trace.py timed with a plain synchronise instead: the
-    host-paced receives of 3 ranks out of 4 waited ~40 µs for the slowest rank's send, bench/RESULTS.md session 44)."""
+def settle() -> None:
+    """This GPU idle, then the ranks met (torch.distributed, when initialised): what every rank launched so far has
+    finished everywhere."""
     import torch.distributed as dist
     torch.cuda.synchronize()
     if dist.is_initialized():
         dist.barrier()
+
+
+def gpu_ahead() -> None:
+    """settle(), then keep this GPU busy ~50 ms so the host queues what follows: the measured launches then run back to
+    back, the ranks started together, and a kernel's time holds no Python launch overhead and no host skew between
+    ranks (recv_trace.py timed with a plain synchronise instead: the host-paced receives of 3 ranks out of 4 waited
+    ~40 µs for the slowest rank's send, bench/RESULTS.md session 44)."""
+    settle()
     torch.cuda._sleep(100_000_000)
 
 

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kernel_times import gpu_ahead, kernel_times  # bench/kernel_times.py
+from kernel_times import gpu_ahead, kernel_times, settle  # bench/kernel_times.py
 from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
 H, E, K = 7168, 256, 8
@@ -76,12 +76,6 @@ def _inputs(rank, T, dev):
     return x, topk, w
 
 
-def _settle():
-    """Every rank's GPU idle, then the ranks met: what each launched so far finished everywhere."""
-    torch.cuda.synchronize()
-    dist.barrier()
-
-
 def _kernel_times(fn, iters):
     return kernel_times(fn, iters, gpu_ahead)
 
@@ -94,8 +88,7 @@ def _eager_samples(fns, iters, order):
           for n in fns}
     for i in range(iters):
         for n in order(i):
-            torch.cuda.synchronize()
-            dist.barrier()
+            settle()
             ev[n][i][0].record()
             fns[n]()
             ev[n][i][1].record()
@@ -116,13 +109,11 @@ def _graph_time(round_trip, n, iters):
     with torch.cuda.stream(s):
         round_trip()  # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    dist.barrier()
+    settle()
     with torch.cuda.graph(g):
         for _ in range(n):
             round_trip()
-    torch.cuda.synchronize()
-    dist.barrier()
+    settle()
     for _ in range(10):
         g.replay()
     t = _eager_times(g.replay, iters)
@@ -229,18 +220,18 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     def plain():
         c(d())
 
-    def hooked(spin=0, settle=False):
+    def hooked(spin=0, wait_all=False):
         _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
         if spin:
             torch.cuda._sleep(spin)
-        if settle:
-            _settle()
+        if wait_all:
+            settle()
         hook()
         _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
         if spin:
             torch.cuda._sleep(spin)
-        if settle:
-            _settle()
+        if wait_all:
+            settle()
         chook()
 
     for _ in range(20):
@@ -259,7 +250,7 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     # h_drs / h_crs: each receive launched once every rank's send finished (a synchronise and a barrier between), so
     # no rank waits for another: the launch's own cost. In the queued loops above (h_dr, h_dra) the ranks drift apart
     # by the loop's slack, so the fastest rank's receives wait for a peer's send however long the spin (RESULTS s44).
-    ks = kernel_times(lambda: hooked(settle=True), iters, _settle)
+    ks = kernel_times(lambda: hooked(wait_all=True), iters, settle)
     r['h_drs'], r['h_crs'] = med(ks['dispatch'][1::2]), med(ks['combine'][1::2])
     r['eager'] = _eager_times(plain, iters)
     r['graph'] = _graph_time(plain, 1, iters)
@@ -394,8 +385,9 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
                 cells.append(f'{a:>6.1f}/{b:>5.1f} {a / b:>4.2f}')
         print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
     print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c; h_dra / h_cra: the receives '
-          'launched ~25 µs after their sends, h_drs / h_crs: once every rank\'s send finished), eager = host-inclusive round trip, graph = one replay of both, graph16 = '
-          'per round trip in a graph of 16, cpu = host µs per call (_dd: with a default device)')
+          'launched ~25 µs after their sends, h_drs / h_crs: once every rank\'s send finished), eager = '
+          'host-inclusive round trip, graph = one replay of both, graph16 = per round trip in a graph of 16, cpu = '
+          'host µs per call (_dd: with a default device)')
     refused = [r['T'] for r in rows if r['deepep_refuses_T']]
     if refused:
         print(f'DeepEP refuses num_max_dispatch_tokens_per_rank = T for T in {refused} (R * T % 4 != 0): both ran '

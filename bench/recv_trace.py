@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_times import gpu_ahead, kernel_times  # bench/kernel_times.py
+from kernel_times import gpu_ahead, kernel_times, settle  # bench/kernel_times.py
 from ll_side_by_side import ARRIVAL_SPIN_CYCLES  # bench/ll_side_by_side.py (h_dra / h_cra)
 from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group.py
 
@@ -97,10 +97,6 @@ def _worker(rank, R, port, tokens, iters, spin):
             if spin:
                 torch.cuda._sleep(spin)
             ch()
-
-        def settle():  # this launch finished on every rank
-            torch.cuda.synchronize()
-            dist.barrier()
 
         for _ in range(5):
             round_trip()
