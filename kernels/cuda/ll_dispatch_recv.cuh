@@ -92,7 +92,8 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
   };
 
   Trace(c, LlOp::kDispatch, kTraceRecvStart);
-  // Nothing before gate.Open() below records an error (a receive-only launch's gate relies on it: RunPhases).
+  // Nothing before gate.Open() below records an error (the receive-only dispatch's gate relies on it:
+  // ll_kernels_recv.cu).
   if (tid == 0) *failed = 0;
   const bool was_open = gate.is_open();
   // The route counts are tagged with their call (protocol::PackRouteCount), so thread i < E loads word i now, with

@@ -21,12 +21,13 @@ namespace llep::kernels::cuda {
 
 static __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p, int /*phase*/) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases<true>(p, LlOp::kDispatch, kPhaseRecv, smem, DispatchSend, DispatchRecv);
+  // DispatchRecv records no error before its gate opens: no barrier before the call state's loads (SMALL_T_CODE.md 7).
+  RunPhases</*kPendingBeforeOpen=*/false>(p, LlOp::kDispatch, kPhaseRecv, smem, DispatchSend, DispatchRecv);
 }
 
 static __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int /*phase*/) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases<true>(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend, CombineRecv);
+  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend, CombineRecv);
 }
 
 DispatchKernelFn ReceiveOnlyDispatchKernel() { return dispatch; }

@@ -29,15 +29,15 @@ namespace {
 /// (ll_call_gate.cuh: each phase opens it where it first needs the call), with the metrics stamps around them. Every
 /// kernel is this body with its operation's phase functions: the phase a runtime argument in ll_kernels.cu, fixed to
 /// kPhaseRecv in ll_kernels_recv.cu.
-/// kReceiveOnly: the receive-only compilation (ll_kernels_recv.cu), whose dispatch receive records no error before
-/// it opens the gate (DispatchRecv), so its gate skips the constructor's barrier.
-template <bool kReceiveOnly = false, typename Params>
+/// kPendingBeforeOpen = false: the launch's phases record no error before they open the gate, so the gate skips its
+/// constructor's barrier (CallGate; the receive-only dispatch, ll_kernels_recv.cu).
+template <bool kPendingBeforeOpen = true, typename Params>
 __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
                                           void (*send)(const Params&, CallGate&, uint8_t*),
                                           void (*recv)(const Params&, CallGate&, uint8_t*)) {
   const LlDeviceContext& c = p.ctx;
   Trace(c, op, kTraceEntered);
-  CallGate gate(c, op, phase, p.call_tag, !(kReceiveOnly && op == LlOp::kDispatch));
+  CallGate gate(c, op, phase, p.call_tag, kPendingBeforeOpen);
   if (phase & kPhaseSend) {
     send(p, gate, smem);
     if (gate.Open() == 0) return;  // refused (recorded) or aborted: this launch did nothing
