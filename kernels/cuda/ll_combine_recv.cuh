@@ -191,7 +191,15 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   // replayed into both halves), the later call's.
   const CarriedPlanArea area = CarriedArea(c);
   const int* carried_prefix = reinterpret_cast<const int*>(c.carried + area.prefix(0));  // [2][E]
-  const int first_prefix = tid < 2 * E ? carried_prefix[tid] : 0;
+  // The prefixes are loaded by every warp but the gate's: its gate thread is reading the call state (CallGate), and
+  // its share would be one more round trip after that read, which the plan's first barrier waits for (at E = 256,
+  // 2E = 512 words, one per thread). The words of the gate's warp go to the first warps as a second load: hook combine
+  // receive 6.5-6.8 -> 5.8-6.0 us at T=1 (bench/RESULTS.md session 46). Also in the fused kernel (its gate is open):
+  // choosing by gate.is_open() made that kernel spill.
+  constexpr int kPrefixThreads = kGateThread;
+  const int first_prefix = tid < kPrefixThreads && tid < 2 * E ? carried_prefix[tid] : 0;
+  const int second_prefix =
+      tid < kPrefixThreads && kPrefixThreads + tid < 2 * E ? carried_prefix[kPrefixThreads + tid] : 0;
   if (tid == kCarriedHeaderThread) {
     *carried_half = KeptPlanSlot(Ld16(c.carried + CarriedPlanArea::header(0)),
                                  Ld16(c.carried + CarriedPlanArea::header(1)), p.plan_key, p.num_tokens, K);
@@ -228,8 +236,11 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     const int64_t v = mine ? p.topk_idx[t_slot] : -1;
     const int id = PlanCombineIds(c, v, n, K, seq, scratch, plans);
     if (round == 0) {
-      if (tid < 2 * E) prefix[tid] = first_prefix;
-      for (int i = tid + kThreads; i < 2 * E; i += kThreads) prefix[i] = carried_prefix[i];
+      if (tid < kPrefixThreads) {
+        if (tid < 2 * E) prefix[tid] = first_prefix;
+        if (kPrefixThreads + tid < 2 * E) prefix[kPrefixThreads + tid] = second_prefix;
+        for (int i = tid + 2 * kPrefixThreads; i < 2 * E; i += kPrefixThreads) prefix[i] = carried_prefix[i];
+      }
     }
     __syncthreads();
     // Positions from the dispatch's plan when a header names this handle's key and shape (its rows are where that
