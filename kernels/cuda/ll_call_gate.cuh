@@ -165,11 +165,10 @@ __shared__ GateShared g_gate;
 
 /// A launch's call state (file comment). Constructed by every thread as the CTA starts: after one CTA barrier (the
 /// pending-error slot is clear; none when pending_before_open is false, below), the gate thread reads the call state
-/// while the other warps start the phase. Open()
-/// is CTA-wide and returns the call's sequence number, 0 when the launch must do nothing (refused, recorded, or
-/// aborted); it may be called any number of times. pending_before_open = false: no thread records a pending error
-/// before Open() (the receive-only dispatch), so the slot's clear needs no barrier of its own (Open()'s orders it) and
-/// the call state's loads start as the CTA does.
+/// while the other warps start the phase. Open() is CTA-wide and returns the call's sequence number, 0 when the launch
+/// must do nothing (refused, recorded, or aborted); it may be called any number of times. pending_before_open = false:
+/// no thread records a pending error before Open() (the receive-only dispatch), so the slot's clear needs no barrier of
+/// its own (Open()'s orders it) and the call state's loads start as the CTA does.
 class CallGate {
  public:
   __device__ CallGate(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag, bool pending_before_open = true)

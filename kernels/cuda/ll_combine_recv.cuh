@@ -191,11 +191,11 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
   // replayed into both halves), the later call's.
   const CarriedPlanArea area = CarriedArea(c);
   const int* carried_prefix = reinterpret_cast<const int*>(c.carried + area.prefix(0));  // [2][E]
-  // The prefixes are loaded by every warp but the gate's: its gate thread is reading the call state (CallGate), and
-  // its share would be one more round trip after that read, which the plan's first barrier waits for (at E = 256,
-  // 2E = 512 words, one per thread). The words of the gate's warp go to the first warps as a second load: hook combine
-  // receive 6.5-6.8 -> 5.8-6.0 us at T=1 (bench/RESULTS.md session 46). Also in the fused kernel (its gate is open):
-  // choosing by gate.is_open() made that kernel spill.
+  // The prefixes (2E words, one per thread at E = 256) are loaded by every warp but the gate's, whose gate thread is
+  // reading the call state (CallGate): there the warp's load was issued after that read (SASS of 363c464), and the
+  // plan's first barrier waits for it. The gate warp's words go to the first warps as a second load. Measured: hook
+  // combine receive 6.5-6.8 -> 5.8-6.0 us at T=1 (bench/RESULTS.md session 46; the trace did not show the mechanism).
+  // The fused kernel runs this too: choosing by gate.is_open() made it spill.
   constexpr int kPrefixThreads = kGateThread;
   const int first_prefix = tid < kPrefixThreads && tid < 2 * E ? carried_prefix[tid] : 0;
   const int second_prefix =
