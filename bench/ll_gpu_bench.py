@@ -163,7 +163,7 @@ def _trace_line(buf, x, topk, w, y, out, T, E):
     G, P = buf.runtime.num_ctas, 16
     parts = []
     for op, name in enumerate(('dispatch', 'combine')):
-        stamps = [[tr[(op * G + b) * P + q] for b in range(G)] for q in range(len(TRACE_POINTS))]
+        stamps = [[tr[(b * 2 + op) * P + q] for b in range(G)] for q in range(len(TRACE_POINTS))]
         t0 = min((v for v in stamps[0] if v), default=0)
         cells = []
         for q, label in enumerate(TRACE_POINTS):

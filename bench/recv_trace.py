@@ -47,7 +47,7 @@ def timeline(buf, op, points):
     """The newest launch of op (a send or a receive launch: `points`, SEND or RECV, are the ones it stamps)."""
     tr = buf.runtime.kernel_trace()
     G, P = buf.runtime.num_ctas, 16
-    col = {name: [tr[(op * G + b) * P + POINTS.index(name)] for b in range(G)] for name in points}
+    col = {name: [tr[(b * 2 + op) * P + POINTS.index(name)] for b in range(G)] for name in points}
     # Points are kept from older launches when a launch does not pass them: only this launch's (>= its entry) count.
     t0 = min(v for v in col['entered'] if v)
     cells = []

@@ -138,7 +138,20 @@ absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
 
 absl::Status GpuBuffer::Launch(const GpuPendingOp& op, kernels::cuda::LlPhase phase, cudaStream_t stream) {
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // hooks may run on another thread (vLLM)
-  if (op.op == LlOp::kDispatch) {
+  if (phase == kernels::cuda::kPhaseRecv) {  // a hook's receive: its own, usually smaller grid (ReceiveOnlyCtas)
+    const bool combine = op.op == LlOp::kCombine;
+    const int T = combine ? op.combine.num_tokens : op.dispatch.num_tokens;
+    const int ctas = kernels::cuda::ReceiveOnlyCtas(num_ctas_, layout_.shape.num_ranks,
+                                                    combine ? op.combine.num_topk : op.dispatch.num_topk, T,
+                                                    layout_.shape.hidden, combine);
+    if (!combine) {
+      LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {ctas, &launch_handles_}, stream));
+    } else {
+      kernels::cuda::CombineParams p = op.combine;
+      p.split = kernels::cuda::PlanCombineRecvSplit(layout_.shape.hidden, T, ctas);
+      LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(p, phase, {ctas, &launch_handles_}, stream));
+    }
+  } else if (op.op == LlOp::kDispatch) {
     LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {num_ctas_, &launch_handles_}, stream));
   } else {
     LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, phase, {num_ctas_, &launch_handles_}, stream));

@@ -60,7 +60,7 @@ namespace llep {
 struct GpuBufferOptions {
   int device = -1;                             ///< CUDA device of this rank; -1 = the calling thread's current one
   absl::Duration timeout = absl::Seconds(30);  ///< receive wait per signal before the kernel records a timeout
-  int num_ctas = 0;                            ///< CTAs per launch; 0 = the device's SM count
+  int num_ctas = 0;                            ///< CTAs per send launch (receives: ReceiveOnlyCtas); 0 = SMs
   bool kernel_trace = false;  ///< diagnostic timeline of the kernels (ll_kernels.h TracePoint); env LLEP_KERNEL_TRACE=1
   bool metrics = true;        ///< the kernels keep the metrics counter block (runtime/protocol/metrics_layout.h)
   int metrics_layers = base::kDefaultMetricsLayers;  ///< MoE layers counted apart; a dispatch's layer is below it
@@ -111,7 +111,7 @@ class GpuBuffer {
   uint16_t* NextCombineBuffer() const;
   int64_t combine_buffer_row_stride() const { return layout_.combine_stride / 2; }
 
-  /// The kernels' diagnostic timeline ([2 ops][num_ctas][kTracePoints] global-timer ns) after synchronising the
+  /// The kernels' diagnostic timeline ([num_ctas][2 ops][kTracePoints] global-timer ns) after synchronising the
   /// device; empty unless the buffer was created with kernel_trace.
   absl::StatusOr<std::vector<uint64_t>> KernelTrace();
 

@@ -20,7 +20,7 @@ inline absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
-/// Bytes of the kernels' diagnostic timeline ([2 ops][num_ctas][kTracePoints] words).
+/// Bytes of the kernels' diagnostic timeline ([num_ctas][2 ops][kTracePoints] words).
 inline size_t TraceBytes(int num_ctas) {
   return sizeof(uint64_t) * protocol::kNumLlOps * num_ctas * kernels::cuda::kTracePoints;
 }

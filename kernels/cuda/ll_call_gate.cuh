@@ -123,7 +123,9 @@ __device__ uint32_t TakeReceiveCall(const LlDeviceContext& c, LlOp op, uint32_t 
   const bool aborted = Aborted(c);
   const unsigned long long next_send = gpu::LoadCg(&mine->sends);  // no send runs during this launch
   const unsigned long long recvs = gpu::LoadCg(&mine->recvs);
-  mine->recvs = recvs + 1;
+  // A receive-only launch may run fewer CTAs than the buffer's grid (ReceiveOnlyCtas): CTA b counts the launch for
+  // CTAs b + G', b + 2 G', ... too, so every CTA's count stays the same for the next launch, whatever its grid.
+  for (uint32_t b = blockIdx.x; b < c.grid.divisor; b += gridDim.x) c.launches[b].recvs = recvs + 1;
   // The receive launch's index, never kReceivedInLaunch.
   const uint32_t launch = static_cast<uint32_t>(recvs % kReceivedInLaunch);
   const RecordView r = PickRecord((next_send & 1) != 0, r0, r1);

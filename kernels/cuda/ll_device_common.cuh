@@ -59,7 +59,10 @@ __device__ __forceinline__ uint8_t* PeerBase(const LlDeviceContext& c, uint8_t* 
 
 /// Diagnostic timeline stamp (ll_kernels.h TracePoint) by the calling thread; one predictable branch when off.
 __device__ __forceinline__ void TraceThis(const LlDeviceContext& c, LlOp op, TracePoint point) {
-  if (c.trace != nullptr) c.trace[(static_cast<int64_t>(op) * gridDim.x + blockIdx.x) * kTracePoints + point] = NowNs();
+  // CTA-major ([num_ctas][2 ops][kTracePoints]): a receive-only launch may run fewer CTAs (ReceiveOnlyCtas).
+  if (c.trace != nullptr) {
+    c.trace[(blockIdx.x * protocol::kNumLlOps + static_cast<int>(op)) * kTracePoints + point] = NowNs();
+  }
 }
 /// The same by thread 0 of the CTA.
 __device__ __forceinline__ void Trace(const LlDeviceContext& c, LlOp op, TracePoint point) {

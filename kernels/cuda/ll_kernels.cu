@@ -157,7 +157,12 @@ template <typename Params>
 cudaError_t LaunchLl(void (*kernel)(Params, int), void (*recv_kernel)(Params, int), void* driver_fn,
                      void* recv_driver_fn, const Params& p, LlPhase phase, const LaunchConfig& cfg,
                      int64_t shared_bytes, cudaStream_t stream) {
-  if (p.ctx.grid.divisor != static_cast<uint32_t>(cfg.num_ctas)) return cudaErrorInvalidValue;  // another grid's ctx
+  // The buffer's grid (ctx.grid, one launch count per CTA), or for a receive-only launch at most that many CTAs
+  // (ReceiveOnlyCtas: its CTAs count the launch for the rest, TakeReceiveCall).
+  const auto grid = static_cast<int64_t>(p.ctx.grid.divisor);
+  if (phase == kPhaseRecv ? cfg.num_ctas < 1 || cfg.num_ctas > grid : cfg.num_ctas != grid) {
+    return cudaErrorInvalidValue;
+  }
   if (phase == kPhaseRecv) {
     kernel = recv_kernel;
     driver_fn = recv_driver_fn;

@@ -101,12 +101,14 @@ inline constexpr int kStampSlots = 4;
 /// an operation uses is decided here on the device, never baked into a launch: every replay of every captured graph
 /// stays consistent however many low-latency calls a graph holds and however graphs sharing one buffer interleave
 /// (DeepEP keeps this parity on the host, so a graph with an odd number of calls corrupts its replays: DeepEP#93).
-/// Only stream-ordered launches of one buffer touch it, all with gridDim.x CTAs.
+/// Only stream-ordered launches of one buffer touch it: those with a send phase on the buffer's grid (G CTAs,
+/// LlDeviceContext::grid), receive-only ones on G' <= G (ReceiveOnlyCtas).
 ///  - Sequence: CTA b of a launch with a send phase counts it in its own LlCtaLaunches (LlDeviceContext::launches[b]),
 ///    so the count it finds is the launch's index n on this buffer and protocol::DeviceCallSeq(n) its sequence number.
-///    Every launch runs all gridDim.x CTAs (the launchers refuse another grid) in stream order, so every CTA finds the
+///    Every such launch runs all G CTAs (the launchers refuse another grid) in stream order, so every CTA finds the
 ///    same n: one load and one store per CTA, read while the phase's first work runs (kernels/cuda/ll_call_gate.cuh).
-///    (One counter all CTAs added to took an atomic on one address per CTA and a division by the grid.)
+///    (One counter all CTAs added to took an atomic on one address per CTA and a division by the grid.) A receive
+///    launch of G' CTAs counts itself in the CTAs b, b + G', ... each of its CTAs b stands for, so all G counts agree.
 ///  - Pairing a receive launch with its send: the host gives every send a tag that is unique among the sends it
 ///    issued (DispatchParams::call_tag) and bakes the same tag into the receive launch (the hook), in a graph or
 ///    not. A receive launch looks its tag up among the operations sent and not yet received (the older one if a
@@ -135,7 +137,8 @@ static_assert(sizeof(LlCallRecord) == 64, "a send's first thread loads both reco
 struct alignas(128) LlCallState {
   LlCallRecord record[2];  ///< the call record before send n is record[n % 2]
 };
-/// One CTA's count of the launches on the buffer (LlCallState: each CTA counts for itself, one per launch).
+/// One CTA's count of the launches on the buffer (LlCallState: each CTA counts for itself, one per launch; a smaller
+/// receive-only grid's CTAs count for the CTAs it leaves out).
 struct LlCtaLaunches {
   unsigned long long sends;  ///< launches with a send phase this CTA started
   unsigned long long recvs;  ///< receive-only launches this CTA started
@@ -229,7 +232,7 @@ struct LlDeviceContext {
   LlCtaLaunches* launches = nullptr;  ///< device [num_ctas]: launch counts per CTA (graph-safe sequence numbers)
   protocol::DeviceErrorRecords* errors = nullptr;  ///< device pointer to the mapped host error records
   uint64_t timeout_ns = 0;                         ///< receive wait limit per signal
-  uint64_t* trace = nullptr;    ///< optional [2 ops][num_ctas][kTracePoints] timeline (TracePoint); null = off
+  uint64_t* trace = nullptr;    ///< optional [num_ctas][2 ops][kTracePoints] timeline (TracePoint); null = off
   uint64_t* metrics = nullptr;  ///< optional counter block (metrics_layout.h); null = metrics off
   OpStamps* stamps = nullptr;   ///< [kStampSlots] latency stamps; set with metrics
   protocol::MetricsLayout metrics_layout;
@@ -242,8 +245,9 @@ struct LlDeviceContext {
   uint8_t* carried = nullptr;  ///< device CarriedPlanArea{E, T}: the dispatches' token plans kept for their combines
   uint8_t* expert_plans = nullptr;  ///< device ExpertPlanArea{R, T}: the messages received, for expert-side combines
   /// Divisors fixed per buffer, so kernels divide by multiplying (fast_div.h) instead of running runtime integer
-  /// divisions from a cold instruction cache: the launches' grid (num_ctas; LaunchDispatch / LaunchCombine refuse
-  /// another: `launches` has one entry per CTA), for a CTA's share of the tokens; and
+  /// divisions from a cold instruction cache: the send launches' grid (num_ctas; LaunchDispatch / LaunchCombine refuse
+  /// another, and a receive-only launch more CTAs: `launches` has one entry per CTA), for a CTA's share of the
+  /// tokens; and
   /// DispatchSendItemsPerToken(hidden), for a dispatch send's work item -> (token, chunk).
   protocol::FastDivisor grid;
   protocol::FastDivisor send_items;
@@ -334,6 +338,33 @@ struct CombineRecvSplit {
 };
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas);
 
+/// The grid of a receive-only launch (a hook's receive), from the buffer's grid `num_ctas` (the send launches'): fewer
+/// CTAs where a small T leaves most of them without a message or token. Such a CTA still reads the call state, marks
+/// the launch, peeks the signals and meets the barriers, and the launch ends with its last CTA. Tiers from a sweep of
+/// LLEP_NUM_CTAS (a quarter / half / all of 132 CTAs; at T=128, where every CTA has work, half was 10-20 % slower).
+/// Measured against the whole grid (bench/RESULTS.md session 47, H200, DeepEP beside), settled receives: EP2 dispatch
+/// 5.3-5.6 -> 4.4-4.5 us at T=1, 5.3-5.4 -> 4.7-4.9 at T=8, combine 5.8 -> 5.5 and 6.0 -> 5.6, T=32 0.3-0.4 us
+/// shorter; EP4 dispatch 4.6-4.7 -> 4.2 and 5.2-5.4 -> 4.4-4.5, combine 5.7-5.8 -> 5.4 and 5.9 -> 5.6; level where
+/// the grid stays whole (T >= 128; EP4 T=32).
+/// The work is estimated from this rank's call: its messages, min(R, top-k) per token (in decode its peers send about
+/// as many; a peer sending more only makes this receive slower, never wrong); a combine receive also keeps its tokens'
+/// chunk split (PlanCombineRecvSplit: `per_token` CTAs a token, kMaxCarriedPlanTokensPerCta warps each) and two
+/// tokenless CTAs for the count check and the metrics binning. At least 4 CTAs (the dispatch receive's handle and
+/// binning CTAs apart from its items), at most num_ctas. The kernels keep the per-CTA launch counts of the whole grid
+/// (TakeReceiveCall), so launches of any grids may follow each other.
+inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_tokens, int hidden, bool combine) {
+  const int64_t messages = int64_t{num_ranks < num_topk ? num_ranks : num_topk} * num_tokens;
+  int64_t g = messages <= 4 ? num_ctas / 4 : messages <= 64 ? num_ctas / 2 : num_ctas;
+  if (combine) {
+    const int64_t chunks = (int64_t{hidden} + 255) / 256;
+    const int64_t per_token = (chunks + kMaxCarriedPlanTokensPerCta - 1) / kMaxCarriedPlanTokensPerCta;
+    const int64_t busy = (int64_t{num_tokens} + 2) * per_token;
+    if (g < busy) g = busy;
+  }
+  if (g < 4) g = 4;
+  return static_cast<int>(g < num_ctas ? g : num_ctas);
+}
+
 /// As DispatchParams; with zero_copy the rows are in c_send of kZeroCopyHalf and x is not read.
 struct CombineParams : protocol::CombineCall {
   LlDeviceContext ctx;
@@ -367,7 +398,8 @@ cudaError_t ResolveLlLaunch(LlLaunchHandles* out);
 /// other CTAs' completion adds; a kPhaseBoth launch's receive waits on signals other CTAs publish), so those launches
 /// are cooperative (a grid that cannot be co-resident is refused with cudaErrorCooperativeLaunchTooLarge instead of
 /// stalling behind a concurrent kernel); and a CTA counts the routes of at most kMaxDestinationsPerCta destinations,
-/// so num_ctas must be at least ceil(R / kMaxDestinationsPerCta).
+/// so num_ctas must be at least ceil(R / kMaxDestinationsPerCta). num_ctas is the buffer's grid (ctx.grid) for those
+/// launches, at most that for a receive-only one (ReceiveOnlyCtas; a combine's split made for it).
 struct LaunchConfig {
   int num_ctas = 0;
   const LlLaunchHandles* handles = nullptr;  ///< the driver's launch (ResolveLlLaunch); null: the runtime's

@@ -1,7 +1,7 @@
 // The kernels' work splits and bit helpers (ll_kernels.h): CombineRecvSplit, the host-made split the combine receive
-// divides with, SplitLog2, the closed form the dispatch receive and the expert-side combine send split messages with,
-// and NthSetBit16, which the dispatch send's header gathers with. Host-only: it runs wherever this binary builds,
-// device or not.
+// divides with, ReceiveOnlyCtas, the grid of a hook's receive, SplitLog2, the closed form the dispatch receive and the
+// expert-side combine send split messages with, and NthSetBit16, which the dispatch send's header gathers with.
+// Host-only: it runs wherever this binary builds, device or not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,6 +72,44 @@ TEST(SplitLog2, EqualsTheDoublingLoop) {
           while ((2 << lg) <= pieces && (total << (lg + 1)) <= budget) ++lg;
           ASSERT_EQ(SplitLog2(total, budget, lo, FloorLog2(static_cast<uint32_t>(pieces))), lg)
               << "total=" << total << " budget=" << budget << " pieces=" << pieces << " lo=" << lo;
+        }
+      }
+    }
+  }
+}
+
+// The receive-only grid: the measured choices at the decode shape (2 ranks, top-8, H = 7168, 132 SMs: a quarter of the
+// CTAs at T=1, half at T = 8-32, all at T=128); and for every shape and grid, within [min(4, G), G], never smaller for
+// more tokens, the whole grid above 64 messages, and a combine receive's split as fine as the whole grid's with its
+// last two CTAs (count check, metrics binning) holding no token.
+TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, false), 33);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 8, 7168, false), 66);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, false), 66);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, false), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, true), 33);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, true), 68);  // 2 CTAs per token (28 chunks) and 2 tokenless
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, true), 132);
+  for (int G : {1, 2, 3, 4, 5, 16, 33, 64, 78, 132}) {
+    for (int R : {1, 2, 4, 8, 9, 64}) {
+      for (int K : {1, 8, 12, 16}) {
+        for (int hidden : {128, 2048, 7168, 8192}) {
+          for (const bool combine : {false, true}) {
+            int prev = 0;
+            for (int T : {0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 64, 65, 128, 129, 256}) {
+              const int g = ReceiveOnlyCtas(G, R, K, T, hidden, combine);
+              ASSERT_GE(g, std::min(G, 4)) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
+              ASSERT_LE(g, G);
+              ASSERT_GE(g, prev) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
+              prev = g;
+              if (int64_t{std::min(R, K)} * T > 64) ASSERT_EQ(g, G);
+              if (!combine || g == G) continue;
+              const CombineRecvSplit full = PlanCombineRecvSplit(hidden, T, G), sp = PlanCombineRecvSplit(hidden, T, g);
+              ASSERT_EQ(sp.segs.divisor, full.segs.divisor) << "G=" << G << " g=" << g << " T=" << T;
+              ASSERT_EQ(sp.ForCta(g - 1, T).num_tokens, 0) << "G=" << G << " g=" << g << " T=" << T;
+              ASSERT_EQ(sp.ForCta(g - 2, T).num_tokens, 0) << "G=" << G << " g=" << g << " T=" << T;
+            }
+          }
         }
       }
     }

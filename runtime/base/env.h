@@ -24,7 +24,7 @@ struct Options {
   absl::Duration timeout = absl::Seconds(30);  ///< LLEP_TIMEOUT_S: receive wait before a silent peer is an error
   int proxy_threads = 1;                       ///< LLEP_PROXY_THREADS: >= 1
   int proxy_spin = 1 << 20;                    ///< LLEP_PROXY_SPIN: GPU proxy idle polls before it sleeps
-  int num_ctas = 0;                            ///< LLEP_NUM_CTAS: CTAs per launch; 0 = one per SM
+  int num_ctas = 0;                            ///< LLEP_NUM_CTAS: CTAs per send launch; 0 = one per SM
   bool metrics = true;                         ///< LLEP_METRICS: 0 switches the device counters off
   bool kernel_trace = false;                   ///< LLEP_KERNEL_TRACE: 1 records the kernels' timeline
   int metrics_layers = kDefaultMetricsLayers;  ///< LLEP_METRICS_LAYERS: MoE layers counted apart (>= 1)

@@ -140,7 +140,7 @@ void BindGpuBuffer(py::module_& m) {
       .def("check_errors", &PyGpuBuffer::CheckErrors, py::arg("bad_input") = true)
       .def("next_combine_buffer", &PyGpuBuffer::NextCombineBuffer)
       .def("kernel_trace", &PyGpuBuffer::KernelTrace,
-           "Diagnostic timeline [2 ops][num_ctas][16] of global-timer ns (kernels/cuda/ll_kernels.h TracePoint), "
+           "Diagnostic timeline [num_ctas][2 ops][16] of global-timer ns (kernels/cuda/ll_kernels.h TracePoint), "
            "after a device synchronisation; empty unless created with kernel_trace (LLEP_KERNEL_TRACE=1).")
       .def_property_readonly("combine_row_stride", &PyGpuBuffer::combine_row_stride)
       .def_property_readonly("buffer_bytes", &PyGpuBuffer::buffer_bytes)

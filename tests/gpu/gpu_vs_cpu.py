@@ -13,11 +13,12 @@ async_finish; each case runs many GPU iterations over both buffer halves against
 distinct inputs, and one case per rank count switches mode and hooks every call on one buffer (128 tokens). The
 `_reduce` cases pass combine_weights at dispatch: the combine reduced at the expert side (kernels/EXPERT_SIDE_COMBINE.md),
 bit for bit against the CPU backend's order. Then the carried combine plans (combines after three dispatches; copied
-and keyless handles), the expert-side combine with uneven and empty batches, and the profiler's view of hook launches
-(one kernel name per operation, as DeepEP's bench_kineto checks), then error cases: a bad expert id is
-reported and the buffer stays usable; an expert-side combine with other weights than its dispatch carried, or whose
-dispatch's plan a later dispatch replaced, is reported and the buffer stays usable; a rank that never calls makes its
-peers' kernels time out and report LlepTimeoutError instead of hanging.
+and keyless handles), a buffer whose calls change their token count so that the hooks' receive grids (fewer CTAs at
+small T) follow each other in every order, the expert-side combine with uneven and empty batches, and the profiler's
+view of hook launches (one kernel name per operation, as DeepEP's bench_kineto checks), then error cases: a bad
+expert id is reported and the buffer stays usable; an expert-side combine with other weights than its dispatch
+carried, or whose dispatch's plan a later dispatch replaced, is reported and the buffer stays usable; a rank that
+never calls makes its peers' kernels time out and report LlepTimeoutError instead of hanging.
 
 Inter-node path (issue #4): --ranks-per-node N splits the ranks into virtual nodes of N (LLEP_RANKS_PER_NODE), so
 traffic between nodes goes GPU -> FIFO -> CPU proxy -> libfabric (shm by default, LLEP_FABRIC_PROVIDER) -> peer's
@@ -396,6 +397,39 @@ def _split_at_the_grid_boundary(rank, R, gloo, log):
     log({'case': 'dispatch_split_at_the_grid_boundary', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
 
 
+def _receive_grids_vary(rank, R, gloo, log):
+    """A hook's receive launches its own grid, fewer CTAs at small T (kernels/cuda/ll_kernels.h ReceiveOnlyCtas), and
+    every CTA of it also counts the launch for the CTAs it stands for (TakeReceiveCall): one buffer whose calls change
+    their token count, so the receive grids follow each other in every order (a quarter, half and all of the CTAs,
+    the combine's own), between fused launches, FP8 and BF16, against the CPU backend bit for bit. A count left
+    behind in a CTA the smaller grid did not run would pair a later receive with the wrong call."""
+    T, H, E, K = 128, 7168, 16 * R, 8
+    E_loc, rows = E // R, R * T
+    dev = torch.device('cuda', torch.cuda.current_device())
+    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    gpu.backend = 'cuda'
+    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
+    cpu.backend = 'cpu'
+    errs = []
+    calls = ((1, True), (128, True), (8, True), (1, False), (40, True), (1, True), (3, True), (128, False), (2, True),
+             (32, True), (1, True))
+    for it, (n, hook) in enumerate(calls):
+        mode = 'fp8' if it % 2 == 0 else 'bf16'
+        x, topk, w = _inputs(rank, 90 + it, n, H, E, K, 'hot' if it % 3 == 1 else 'random')
+        y = _expert_out(rank, 90 + it, E_loc, rows, H)
+        ref = _run(cpu, x, topk, w, y, T, E, mode, False, False, False, None, None, None)
+        got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, mode, hook, False, False, None, None,
+                   None)
+        torch.cuda.synchronize()
+        gpu.check_errors()
+        errs.extend(f'call {it} ({n} tokens, {mode}{" hook" if hook else ""}): {m}' for m in _compare(ref, got, E_loc))
+        if errs:
+            break
+    gpu.destroy()
+    cpu.destroy()
+    log({'case': 'receive_grids_vary_between_calls', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
+
+
 def _expert_side_uneven_batches(rank, R, gloo, log, backend='cuda'):
     """combine_weights with a rank that has no tokens (an empty micro-batch: its weights tensor's data_ptr() is 0, and
     it must still say it carries weights, or its peers' messages disagree with it) and ranks of different sizes,
@@ -566,6 +600,7 @@ def _worker(rank, R, port, cases, results_path, ranks_per_node):
             raise
     _carried_plan_cases(rank, R, gloo, log)
     _split_at_the_grid_boundary(rank, R, gloo, log)
+    _receive_grids_vary(rank, R, gloo, log)
     _expert_side_uneven_batches(rank, R, gloo, log)
     _profiler_sees_one_kernel_per_op(rank, R, gloo, log)
     os.environ['LLEP_TIMEOUT_S'] = '3'
