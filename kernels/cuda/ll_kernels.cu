@@ -159,8 +159,8 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), void (*recv_kernel)(Params, in
                      int64_t shared_bytes, cudaStream_t stream) {
   // The buffer's grid (ctx.grid, one launch count per CTA), or for a receive-only launch at most that many CTAs
   // (ReceiveOnlyCtas: its CTAs count the launch for the rest, TakeReceiveCall).
-  const auto grid = static_cast<int64_t>(p.ctx.grid.divisor);
-  if (phase == kPhaseRecv ? cfg.num_ctas < 1 || cfg.num_ctas > grid : cfg.num_ctas != grid) {
+  const auto buffer_grid = static_cast<int64_t>(p.ctx.grid.divisor);
+  if (phase == kPhaseRecv ? cfg.num_ctas < 1 || cfg.num_ctas > buffer_grid : cfg.num_ctas != buffer_grid) {
     return cudaErrorInvalidValue;
   }
   if (phase == kPhaseRecv) {

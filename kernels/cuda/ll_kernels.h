@@ -247,8 +247,7 @@ struct LlDeviceContext {
   /// Divisors fixed per buffer, so kernels divide by multiplying (fast_div.h) instead of running runtime integer
   /// divisions from a cold instruction cache: the send launches' grid (num_ctas; LaunchDispatch / LaunchCombine refuse
   /// another, and a receive-only launch more CTAs: `launches` has one entry per CTA), for a CTA's share of the
-  /// tokens; and
-  /// DispatchSendItemsPerToken(hidden), for a dispatch send's work item -> (token, chunk).
+  /// tokens; and DispatchSendItemsPerToken(hidden), for a dispatch send's work item -> (token, chunk).
   protocol::FastDivisor grid;
   protocol::FastDivisor send_items;
 };
