@@ -225,13 +225,19 @@ def _check_paths(buf, rank, R, ranks_per_node, ops):
     return errs
 
 
-def _case(rank, case, gloo, log):
-    name, R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters, reduce = case
-    E_loc, rows = E // R, R * T
+def _buffer_pair(gloo):
+    """(gpu, cpu): a Buffer on the NVLink kernels and one on the CPU backend (the oracle), on one gloo group."""
     gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
     gpu.backend = 'cuda'
     cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
     cpu.backend = 'cpu'
+    return gpu, cpu
+
+
+def _case(rank, case, gloo, log):
+    name, R, n, T, H, E, K, mode, routing, hook, zero_copy, logfmt, iters, reduce = case
+    E_loc, rows = E // R, R * T
+    gpu, cpu = _buffer_pair(gloo)
     dev = torch.device('cuda', torch.cuda.current_device())
     errs = []
     refs = []
@@ -312,10 +318,7 @@ def _carried_plan_cases(rank, R, gloo, log):
     n, H, E, K = 64, 2048, 16 * R, 8
     E_loc, rows = E // R, R * n
     dev = torch.device('cuda', torch.cuda.current_device())
-    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    gpu.backend = 'cuda'
-    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    cpu.backend = 'cpu'
+    gpu, cpu = _buffer_pair(gloo)
 
     def staged(seed, topk=None):
         x, t, w = _inputs(rank, seed, n, H, E, K, 'random')
@@ -406,10 +409,7 @@ def _receive_grids_vary(rank, R, gloo, log):
     T, H, E, K = 128, 7168, 16 * R, 8
     E_loc, rows = E // R, R * T
     dev = torch.device('cuda', torch.cuda.current_device())
-    gpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    gpu.backend = 'cuda'
-    cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
-    cpu.backend = 'cpu'
+    gpu, cpu = _buffer_pair(gloo)
     errs = []
     calls = ((1, True), (128, True), (8, True), (1, False), (40, True), (1, True), (3, True), (128, False), (2, True),
              (32, True), (1, True))
