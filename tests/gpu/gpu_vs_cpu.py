@@ -360,6 +360,19 @@ def _carried_plan_cases(rank, R, gloo, log):
     cpu.destroy()
 
 
+def _call_both(gpu, cpu, rank, R, seed, n, T, H, E, K, mode, routing, hook, dev):
+    """One dispatch + combine of the same inputs (n tokens, T the buffers' maximum) on the GPU buffer (hooks as
+    asked) and on the CPU oracle; the differences (_compare), after the GPU's errors were checked."""
+    E_loc = E // R
+    x, topk, w = _inputs(rank, seed, n, H, E, K, routing)
+    y = _expert_out(rank, seed, E_loc, R * T, H)
+    ref = _run(cpu, x, topk, w, y, T, E, mode, False, False, False, None, None, None)
+    got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, mode, hook, False, False, None, None, None)
+    torch.cuda.synchronize()
+    gpu.check_errors()
+    return _compare(ref, got, E_loc)
+
+
 def _split_at_the_grid_boundary(rank, R, gloo, log):
     """The dispatch send splits each token by destination when T * P <= CTAs (P = R rounded up to a power of two;
     kernels/cuda/ll_dispatch_send.cuh): with exactly T * P CTAs, CTA b carries token b / P's copy to rank b % P (none
@@ -367,7 +380,6 @@ def _split_at_the_grid_boundary(rank, R, gloo, log):
     set by LLEP_NUM_CTAS, FP8 and BF16, hooks off and on, against the CPU backend bit for bit."""
     n, H, E, K = 8, 2048, 16 * R, 8
     P = 1 << (R - 1).bit_length()
-    E_loc, rows = E // R, R * n
     dev = torch.device('cuda', torch.cuda.current_device())
     cpu = llep.Buffer(gloo, low_latency_mode=True, explicitly_destroy=True)
     cpu.backend = 'cpu'
@@ -384,17 +396,11 @@ def _split_at_the_grid_boundary(rank, R, gloo, log):
                 os.environ['LLEP_NUM_CTAS'] = before
         gpu.backend = 'cuda'
         for it, (mode, hook) in enumerate((('fp8', False), ('bf16', True), ('fp8', True))):
-            x, topk, w = _inputs(rank, 30 + it, n, H, E, K, 'hot' if it == 1 else 'random')
-            y = _expert_out(rank, 30 + it, E_loc, rows, H)
-            ref = _run(cpu, x, topk, w, y, n, E, mode, False, False, False, None, None, None)
-            got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), n, E, mode, hook, False, False, None, None,
-                       None)
-            torch.cuda.synchronize()
-            gpu.check_errors()
+            diffs = _call_both(gpu, cpu, rank, R, 30 + it, n, n, H, E, K, mode, 'hot' if it == 1 else 'random', hook,
+                               dev)
             if gpu.runtime.num_ctas != ctas:
                 errs.append(f'the buffer runs {gpu.runtime.num_ctas} CTAs, {ctas} asked')
-            errs.extend(f'{ctas} CTAs ({what}), {mode}{" hook" if hook else ""}: {m}'
-                        for m in _compare(ref, got, E_loc))
+            errs.extend(f'{ctas} CTAs ({what}), {mode}{" hook" if hook else ""}: {m}' for m in diffs)
         gpu.destroy()
     cpu.destroy()
     log({'case': 'dispatch_split_at_the_grid_boundary', 'rank': rank, 'ok': not errs, 'errors': errs[:8]})
@@ -407,7 +413,6 @@ def _receive_grids_vary(rank, R, gloo, log):
     the combine's own), between fused launches, FP8 and BF16, against the CPU backend bit for bit. A count left
     behind in a CTA the smaller grid did not run would pair a later receive with the wrong call."""
     T, H, E, K = 128, 7168, 16 * R, 8
-    E_loc, rows = E // R, R * T
     dev = torch.device('cuda', torch.cuda.current_device())
     gpu, cpu = _buffer_pair(gloo)
     errs = []
@@ -415,14 +420,9 @@ def _receive_grids_vary(rank, R, gloo, log):
              (32, True), (1, True))
     for it, (n, hook) in enumerate(calls):
         mode = 'fp8' if it % 2 == 0 else 'bf16'
-        x, topk, w = _inputs(rank, 90 + it, n, H, E, K, 'hot' if it % 3 == 1 else 'random')
-        y = _expert_out(rank, 90 + it, E_loc, rows, H)
-        ref = _run(cpu, x, topk, w, y, T, E, mode, False, False, False, None, None, None)
-        got = _run(gpu, x.to(dev), topk.to(dev), w.to(dev), y.to(dev), T, E, mode, hook, False, False, None, None,
-                   None)
-        torch.cuda.synchronize()
-        gpu.check_errors()
-        errs.extend(f'call {it} ({n} tokens, {mode}{" hook" if hook else ""}): {m}' for m in _compare(ref, got, E_loc))
+        diffs = _call_both(gpu, cpu, rank, R, 90 + it, n, T, H, E, K, mode, 'hot' if it % 3 == 1 else 'random', hook,
+                           dev)
+        errs.extend(f'call {it} ({n} tokens, {mode}{" hook" if hook else ""}): {m}' for m in diffs)
         if errs:
             break
     gpu.destroy()
