@@ -106,7 +106,6 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Combine(const CombineCall& call, bool sp
   op.op = LlOp::kCombine;
   static_cast<CombineCall&>(op.combine) = call;
   op.combine.ctx = ctx_;
-  op.combine.split = kernels::cuda::PlanCombineRecvSplit(layout_.shape.hidden, call.num_tokens, num_ctas_);
   return Send(std::move(op), split, stream);
 }
 
@@ -118,6 +117,16 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Send(GpuPendingOp op, bool split, cudaSt
   // pair a receive launch with its send by this tag (ll_kernels.h LlCallState), so graph replays stay consistent.
   if (++last_tag_ == 0) last_tag_ = 1;
   op.dispatch.call_tag = op.combine.call_tag = last_tag_;
+  // The receive phase's grid, decided once here: a hook's receive launch runs its own, usually smaller one
+  // (ReceiveOnlyCtas), the fused launch the buffer's; a combine's split is made for it.
+  const bool combine = op.op == LlOp::kCombine;
+  op.recv_ctas = !split ? num_ctas_
+                        : kernels::cuda::ReceiveOnlyCtas(
+                              num_ctas_, layout_.shape.num_ranks, combine ? op.combine.num_topk : op.dispatch.num_topk,
+                              combine ? op.combine.num_tokens : op.dispatch.num_tokens, layout_.shape.hidden, combine);
+  if (combine) {
+    op.combine.split = kernels::cuda::PlanCombineRecvSplit(layout_.shape.hidden, op.combine.num_tokens, op.recv_ctas);
+  }
   LLEP_RETURN_IF_ERROR(Launch(op, split ? kernels::cuda::kPhaseSend : kernels::cuda::kPhaseBoth, stream));
   if (split) {
     calls_.AwaitReceive(op.seq);
@@ -138,23 +147,12 @@ absl::Status GpuBuffer::Receive(const GpuPendingOp& op, cudaStream_t stream) {
 
 absl::Status GpuBuffer::Launch(const GpuPendingOp& op, kernels::cuda::LlPhase phase, cudaStream_t stream) {
   LLEP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // hooks may run on another thread (vLLM)
-  if (phase == kernels::cuda::kPhaseRecv) {  // a hook's receive: its own, usually smaller grid (ReceiveOnlyCtas)
-    const bool combine = op.op == LlOp::kCombine;
-    const int T = combine ? op.combine.num_tokens : op.dispatch.num_tokens;
-    const int ctas = kernels::cuda::ReceiveOnlyCtas(num_ctas_, layout_.shape.num_ranks,
-                                                    combine ? op.combine.num_topk : op.dispatch.num_topk, T,
-                                                    layout_.shape.hidden, combine);
-    if (!combine) {
-      LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {ctas, &launch_handles_}, stream));
-    } else {
-      kernels::cuda::CombineParams p = op.combine;
-      p.split = kernels::cuda::PlanCombineRecvSplit(layout_.shape.hidden, T, ctas);
-      LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(p, phase, {ctas, &launch_handles_}, stream));
-    }
-  } else if (op.op == LlOp::kDispatch) {
-    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, {num_ctas_, &launch_handles_}, stream));
+  const kernels::cuda::LaunchConfig cfg{phase == kernels::cuda::kPhaseRecv ? op.recv_ctas : num_ctas_,
+                                        &launch_handles_};
+  if (op.op == LlOp::kDispatch) {
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchDispatch(op.dispatch, phase, cfg, stream));
   } else {
-    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, phase, {num_ctas_, &launch_handles_}, stream));
+    LLEP_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchCombine(op.combine, phase, cfg, stream));
   }
   return absl::OkStatus();
 }

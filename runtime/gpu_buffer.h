@@ -84,6 +84,7 @@ struct GpuPendingOp {
   protocol::LlOp op = protocol::LlOp::kDispatch;
   kernels::cuda::DispatchParams dispatch;
   kernels::cuda::CombineParams combine;
+  int recv_ctas = 0;  ///< the grid of its receive phase: ReceiveOnlyCtas for a hook's launch, else the buffer's
 };
 
 class GpuBuffer {

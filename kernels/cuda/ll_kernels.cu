@@ -226,8 +226,8 @@ cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchC
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) {
   CombineRecvSplit s;
   s.num_ctas = num_ctas;
-  s.chunks = (hidden + 255) / 256;  // 8 channels per lane
-  const int segs = std::max(1, std::min((s.chunks + kWarps - 1) / kWarps, num_ctas / std::max(num_tokens, 1)));
+  s.chunks = CombineRecvChunks(hidden);
+  const int segs = std::max(1, std::min(CombineRecvSegsPerToken(hidden), num_ctas / std::max(num_tokens, 1)));
   s.token_ctas = protocol::FastDivisor::Make(static_cast<uint32_t>(num_ctas / segs));
   s.segs = protocol::FastDivisor::Make(static_cast<uint32_t>(segs));
   s.seg_chunks_lo = protocol::FastDivisor::Make(static_cast<uint32_t>(std::max(1, s.chunks / segs)));
@@ -236,7 +236,8 @@ CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) 
 }
 
 cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
-  if (p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;  // a split made for another grid
+  // A split made for another grid than the receive phase's (a send-only launch does not read it).
+  if ((phase & kPhaseRecv) != 0 && p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;
   const LlLaunchHandles* h = cfg.handles;
   return LaunchLl(combine, ReceiveOnlyCombineKernel(), h != nullptr ? h->combine : nullptr,
                   h != nullptr ? h->combine_recv : nullptr, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape),

@@ -336,6 +336,12 @@ struct CombineRecvSplit {
   }
 };
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas);
+/// A combine receive's work items per token: 256-channel chunks (8 channels a lane), one per warp of its CTA, so a
+/// token's chunks are split over at most CombineRecvSegsPerToken CTAs (PlanCombineRecvSplit, ReceiveOnlyCtas).
+inline int CombineRecvChunks(int hidden) { return (hidden + 255) / 256; }
+inline int CombineRecvSegsPerToken(int hidden) {
+  return (CombineRecvChunks(hidden) + kMaxCarriedPlanTokensPerCta - 1) / kMaxCarriedPlanTokensPerCta;
+}
 
 /// The grid of a receive-only launch (a hook's receive), from the buffer's grid `num_ctas` (the send launches'): fewer
 /// CTAs where a small T leaves most of them without a message or token. Such a CTA still reads the call state, marks
@@ -347,17 +353,15 @@ CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas);
 /// the grid stays whole (T >= 128; EP4 T=32).
 /// The work is estimated from this rank's call: its messages, min(R, top-k) per token (in decode its peers send about
 /// as many; a peer sending more only makes this receive slower, never wrong); a combine receive also keeps its tokens'
-/// chunk split (PlanCombineRecvSplit: `per_token` CTAs a token, kMaxCarriedPlanTokensPerCta warps each) and two
-/// tokenless CTAs for the count check and the metrics binning. At least 4 CTAs (the dispatch receive's handle and
-/// binning CTAs apart from its items), at most num_ctas. The kernels keep the per-CTA launch counts of the whole grid
-/// (TakeReceiveCall), so launches of any grids may follow each other.
+/// chunk split (CombineRecvSegsPerToken CTAs a token) and two tokenless CTAs for the count check and the metrics
+/// binning. At least 4 CTAs (the dispatch receive's handle and binning CTAs apart from its items), at most num_ctas.
+/// The kernels keep the per-CTA launch counts of the whole grid (TakeReceiveCall), so launches of any grids may follow
+/// each other. GpuBuffer decides it once per operation, when it sends (GpuPendingOp::recv_ctas).
 inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_tokens, int hidden, bool combine) {
   const int64_t messages = int64_t{num_ranks < num_topk ? num_ranks : num_topk} * num_tokens;
   int64_t g = messages <= 4 ? num_ctas / 4 : messages <= 64 ? num_ctas / 2 : num_ctas;
   if (combine) {
-    const int64_t chunks = (int64_t{hidden} + 255) / 256;
-    const int64_t per_token = (chunks + kMaxCarriedPlanTokensPerCta - 1) / kMaxCarriedPlanTokensPerCta;
-    const int64_t busy = (int64_t{num_tokens} + 2) * per_token;
+    const int64_t busy = (int64_t{num_tokens} + 2) * CombineRecvSegsPerToken(hidden);
     if (g < busy) g = busy;
   }
   if (g < 4) g = 4;
