@@ -162,7 +162,8 @@ __device__ __forceinline__ void PlanReducedRows(const LlDeviceContext& c, const 
 /// with the token's ids) or, when that is not at hand, are counted over all tokens (CountCombineRows). The last CTA
 /// (tokenless at small T, so off the critical path) also counts the rows routed to each rank and checks that every
 /// expert rank returned exactly those; every CTA checks that the rows it reads exist.
-__device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+/// Returns whether this CTA stamps the receive's end (metrics): every CTA (see the end).
+__device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, H = L.shape.hidden, E = L.shape.num_experts;
@@ -268,7 +269,7 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
       // do not delay the plan's; the barriers before the signals' order the zeroing above and the adds.
       if (checks_counts) CountRoutedRows(p, seq, routed);
       Trace(c, LlOp::kCombine, kTraceRecvPlanned);
-      if ((seq = gate.Open()) == 0) return;
+      if ((seq = gate.Open()) == 0) return false;
       // Each expert rank must return exactly the rows this rank routed to it.
       ReceiveSignals(c, LlOp::kCombine, protocol::HalfOfSeq(seq), seq, L.combine_rows_per_src, p.wait_recv_cost_stats,
                      got, failed, peeked);
@@ -309,9 +310,9 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
         RecordError(c, protocol::kDeviceCombineMismatch, LlOp::kCombine, c.rank, seq,
                     failed[2] == 2 ? protocol::kCombinePlanGone : protocol::kCombineWeightsDiffer);
       }
-      return;
+      return true;
     }
-    if (*failed) return;
+    if (*failed) return true;
     for (int item = warp; item < n * seg_chunks; item += kWarps) {
       const int tw = cta.per_token.Div(item), ch = ch_lo + item - tw * seg_chunks;
       const int c0 = ch * 256 + lane * 8;
@@ -328,6 +329,9 @@ __device__ __forceinline__ void CombineRecv(const CombineParams& p, CallGate& ga
     __syncthreads();
   }
   Trace(c, LlOp::kCombine, kTraceRecvEnd);
+  // Every CTA: returning whether it reduced a token or checked the counts made the fused combine spill 88 bytes (kept
+  // live, recomputed here, or stored in shared memory as the rounds start).
+  return true;
 }
 
 }  // namespace

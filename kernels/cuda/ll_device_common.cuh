@@ -236,11 +236,12 @@ __device__ __forceinline__ void StampWaitEnd(const LlDeviceContext& c, uint32_t 
   if (c.metrics != nullptr && blockIdx.x == 0 && threadIdx.x == 0) StampSlot(c, seq).wait_end = NowNs();
 }
 
-/// The CTA's receive work is done (all threads, after it): thread 0 contributes the receive end.
-__device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t seq) {
+/// The CTA's receive work is done (all threads, after it): thread 0 contributes the receive end if the CTA had receive
+/// work (`worked`; the barrier either way, so that the kernel's control flow stays the same).
+__device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t seq, bool worked) {
   if (c.metrics == nullptr) return;
   __syncthreads();
-  if (threadIdx.x == 0) StampMax(&StampSlot(c, seq).recv_end);
+  if (threadIdx.x == 0 && worked) StampMax(&StampSlot(c, seq).recv_end);
 }
 
 /// Send phase entered at `now` (one thread of CTA 0, once the call is known): the slot now belongs to call `seq`.

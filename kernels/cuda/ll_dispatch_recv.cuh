@@ -71,7 +71,9 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 /// Tried (bench/RESULTS.md session 17): each selection's lane loading the counts it needs from global memory after
 /// the header (a dependent load: as slow as the table), and the first message's loads issued before the table (held
 /// in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).
-__device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
+/// Returns whether this CTA stamps the receive's end (metrics): it copied a message, or wrote the handle, or the
+/// receive failed (its stamp as before). A CTA with none of these has no part in the receive's latency.
+__device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
@@ -115,7 +117,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     words[E + tid] = early1;
   }
   const uint32_t seq = gate.Open();  // its barrier also publishes *failed = 0, unless the gate was open already
-  if (seq == 0) return;
+  if (seq == 0) return false;
   if (was_open) __syncthreads();
   const int half = protocol::HalfOfSeq(seq);
   // Usually (a hook's receive) the peek found every source's signal and the early words hold the route counts: then
@@ -130,7 +132,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceSignals);
-    if (*failed) return;
+    if (*failed) return true;
     // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not
     // read. A word still not tagged with the call after the source's signal is a stale or overwritten block: rejected.
     for (int i = tid; i < E; i += kThreads) {
@@ -147,7 +149,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     __syncthreads();
     if (*failed) {
       if (tid == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, *failed - 1, seq, -1);
-      return;
+      return true;
     }
     if (writes_handle) {
       // The expert-side plan's header and message counts (ExpertPlanArea; its entries come with the messages). Every
@@ -319,6 +321,7 @@ __device__ __forceinline__ void DispatchRecv(const DispatchParams& p, CallGate& 
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceRecvEnd);
   }
+  return writes_handle || (blockIdx.x < G_items && static_cast<int>(blockIdx.x) < items);
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ namespace {
 template <bool kPendingBeforeOpen = true, typename Params>
 __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, uint8_t* smem,
                                           void (*send)(const Params&, CallGate&, uint8_t*),
-                                          void (*recv)(const Params&, CallGate&, uint8_t*)) {
+                                          bool (*recv)(const Params&, CallGate&, uint8_t*)) {
   const LlDeviceContext& c = p.ctx;
   Trace(c, op, kTraceEntered);
   CallGate gate(c, op, phase, p.call_tag, kPendingBeforeOpen);
@@ -51,11 +51,14 @@ __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, u
       const uint32_t seq = gate.Open();
       if (threadIdx.x == 0) StampRecvStart(c, seq, NowNs());
     }
-    recv(p, gate, smem);
+    const bool stamps = recv(p, gate, smem);
     // Every receive phase opens the gate before it returns, so the call is known here: reading it, not calling
     // Open() again, keeps Open()'s code (which the compiler cannot prove is not needed) off the phase's tail, a jump
     // over ~0.7 KiB at the end of every receive (ncu source counters, bench/RESULTS.md session 38).
-    if (gate.is_open() && gate.error_seq() != 0) StampRecvEnd(c, gate.error_seq());
+    // Only CTAs that had receive work stamp its end (the dispatch; every combine CTA still does, see CombineRecv): at
+    // small T most have none, and each stamp is an atomic onto one word that the launch's end waits for (0.15-0.25 us
+    // per receive launch at EP4, bench/RESULTS.md session 45).
+    if (gate.is_open() && gate.error_seq() != 0) StampRecvEnd(c, gate.error_seq(), stamps);
   }
 }
 
