@@ -14,7 +14,7 @@
 // for: bench/RESULTS.md.)
 #pragma once
 
-#include "kernels/cuda/ll_device_common.cuh"
+#include "kernels/cuda/ll_signals.cuh"
 
 namespace llep::kernels::cuda {
 namespace {
