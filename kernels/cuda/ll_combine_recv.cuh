@@ -330,7 +330,8 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
   }
   Trace(c, LlOp::kCombine, kTraceRecvEnd);
   // Every CTA: returning whether it reduced a token or checked the counts made the fused combine spill 88 bytes (kept
-  // live, recomputed here, or stored in shared memory as the rounds start).
+  // live, recomputed here, or stored in shared memory as the rounds start); in the receive-only compilation alone it
+  // left the hook's combine receive level (bench/experiments/combine-recv-stamp-working-ctas.patch, session 48).
   return true;
 }
 

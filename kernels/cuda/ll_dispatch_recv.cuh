@@ -72,7 +72,9 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 /// the header (a dependent load: as slow as the table), and the first message's loads issued before the table (held
 /// in registers or as L1 prefetches, the kernel spilled: 1.10-1.15x).
 /// Returns whether this CTA stamps the receive's end (metrics): it copied a message, or wrote the handle, or the
-/// receive failed (its stamp as before). A CTA with none of these has no part in the receive's latency.
+/// receive failed (its stamp as before), or it is CTA 0. A CTA with none of these has no part in the receive's
+/// latency. CTA 0 always: it stamped the wait's end, so the receive's end is never before it (BinFinishedOp drops such
+/// a slot), also when no CTA had a message.
 __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
@@ -321,7 +323,7 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceRecvEnd);
   }
-  return writes_handle || (blockIdx.x < G_items && static_cast<int>(blockIdx.x) < items);
+  return blockIdx.x == 0 || writes_handle || (blockIdx.x < G_items && static_cast<int>(blockIdx.x) < items);
 }
 
 }  // namespace
