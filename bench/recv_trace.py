@@ -36,6 +36,7 @@ H, E, K = 7168, 256, 8
 POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'published', 'recv_start', 'signals',
           'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered', 'opened', 'call_read', 'polled']
 # In time order; a point the tree does not stamp is left out ('opened', the call state known, is newer than the rest).
+LAUNCH_SPREAD_NS = 20_000  # a launch's CTAs enter within a few µs of each other
 RECV = ['entered', 'recv_start', 'call_read', 'opened', 'recv_planned', 'signals', 'recv_end']
 
 
@@ -48,8 +49,14 @@ def timeline(buf, op, points):
     tr = buf.runtime.kernel_trace()
     G, P = buf.runtime.num_ctas, 16
     col = {name: [tr[(b * 2 + op) * P + POINTS.index(name)] for b in range(G)] for name in points}
+    # A hook's receive runs fewer CTAs than the buffer's grid (ReceiveOnlyCtas): the others keep an older launch's
+    # stamps. This launch's CTAs are those that entered within LAUNCH_SPREAD_NS of the newest entry (traced launches are
+    # a synchronise and a barrier apart, far more than that); the rest are dropped.
+    newest = max(col['entered'])
+    ran = [b for b in range(G) if col['entered'][b] and col['entered'][b] >= newest - LAUNCH_SPREAD_NS]
+    col = {name: [vs[b] if b in ran else 0 for b in range(G)] for name, vs in col.items()}
     # Points are kept from older launches when a launch does not pass them: only this launch's (>= its entry) count.
-    t0 = min(v for v in col['entered'] if v)
+    t0 = min(col['entered'][b] for b in ran)
     cells = []
     for name in points:
         vs = sorted(((v - t0) / 1000, b) for b, v in enumerate(col[name]) if v >= t0)
@@ -57,8 +64,8 @@ def timeline(buf, op, points):
             cells.append(f'{name} {statistics.median(v for v, _ in vs):.2f}/{vs[-1][0]:.2f}@{vs[-1][1]}')
     # CTA 0 holds the first token / message, the last CTA the handle and the count check, and the CTA that stamped
     # the launch's last point last (the launch's tail): their own timelines.
-    last = max(range(G), key=lambda b: col[points[-1]][b])
-    for b in sorted({0, G - 1, last}):
+    last = max(ran, key=lambda b: col[points[-1]][b])
+    for b in sorted({0, max(ran), last}):
         pts = ' '.join(f'{name} {(col[name][b] - t0) / 1000:.2f}' for name in points if col[name][b] >= t0)
         cells.append(f'[CTA {b}: {pts}]')
     return ', '.join(cells)
