@@ -199,9 +199,13 @@ __device__ __forceinline__ OpStamps& StampSlot(const LlDeviceContext& c, uint32_
   return c.stamps[seq % kStampSlots];
 }
 
-/// *p = max(*p, now), fire-and-forget: the end stamps several CTAs contribute to.
-__device__ __forceinline__ void StampMax(uint64_t* p) {
-  atomicMax(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(NowNs()));
+/// *p = now, a plain store: the end stamps several CTAs contribute to (the receive's working CTAs, the send's
+/// publishers). The word keeps the store that reached memory last: the latest end, unless two CTAs ended within the
+/// stores' flight time of each other (then one of those two ends). Not an atomic max: a launch ends only once its last
+/// atomic has completed, and that cost every receive launch 0.15-0.25 us with metrics on, however few CTAs reduced
+/// (bench/RESULTS.md sessions 45 and 48).
+__device__ __forceinline__ void StampLatest(uint64_t* p) {
+  *reinterpret_cast<volatile uint64_t*>(p) = NowNs();
 }
 
 /// Bins the latencies of the operation in stamp slot i if its receive phase was started by a launch before this one
@@ -241,7 +245,7 @@ __device__ __forceinline__ void StampWaitEnd(const LlDeviceContext& c, uint32_t 
 __device__ __forceinline__ void StampRecvEnd(const LlDeviceContext& c, uint32_t seq, bool worked) {
   if (c.metrics == nullptr) return;
   __syncthreads();
-  if (threadIdx.x == 0 && worked) StampMax(&StampSlot(c, seq).recv_end);
+  if (threadIdx.x == 0 && worked) StampLatest(&StampSlot(c, seq).recv_end);
 }
 
 /// Send phase entered at `now` (one thread of CTA 0, once the call is known): the slot now belongs to call `seq`.

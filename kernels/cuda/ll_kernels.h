@@ -84,10 +84,10 @@ enum TracePoint : int {
 /// receive launch came after call s - 4's and bins it.
 struct OpStamps {
   uint64_t send_start;  ///< send phase entered (CTA 0)
-  uint64_t send_end;    ///< max over the rank's signal publishes
+  uint64_t send_end;    ///< the rank's last signal publish (StampLatest)
   uint64_t recv_start;  ///< receive phase entered (CTA 0)
   uint64_t wait_end;    ///< every source's signal seen (CTA 0)
-  uint64_t recv_end;    ///< max over CTAs of the receive work's end
+  uint64_t recv_end;    ///< the last CTA's receive work end (StampLatest)
   uint32_t seq;         ///< the call that owns the slot (its send stamped it)
   uint32_t state;       ///< OpStampState
   uint32_t op;          ///< protocol::LlOp

@@ -222,7 +222,7 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
   // Reset for the next call on this half (stream-ordered after this launch). After the signal: the release store
   // above orders this thread's earlier writes, and a reset before it would be one more of them to wait for.
   *ctr = 0;
-  if (c.metrics != nullptr) StampMax(&StampSlot(c, seq).send_end);
+  if (c.metrics != nullptr) StampLatest(&StampSlot(c, seq).send_end);
   TraceThis(c, op, kTracePublished);
 }
 
