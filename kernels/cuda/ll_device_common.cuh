@@ -204,9 +204,7 @@ __device__ __forceinline__ OpStamps& StampSlot(const LlDeviceContext& c, uint32_
 /// stores' flight time of each other (then one of those two ends). Not an atomic max: a launch ends only once its last
 /// atomic has completed, and that cost every receive launch 0.15-0.25 us with metrics on, however few CTAs reduced
 /// (bench/RESULTS.md sessions 45 and 48).
-__device__ __forceinline__ void StampLatest(uint64_t* p) {
-  *reinterpret_cast<volatile uint64_t*>(p) = NowNs();
-}
+__device__ __forceinline__ void StampLatest(uint64_t* p) { *reinterpret_cast<volatile uint64_t*>(p) = NowNs(); }
 
 /// Bins the latencies of the operation in stamp slot i if its receive phase was started by a launch before this one
 /// (so it finished: stream order) and it is not call `except` (the caller's own). A slot qualifies when its owner's
