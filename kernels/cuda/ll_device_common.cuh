@@ -17,7 +17,7 @@ namespace {
 
 using protocol::LlOp;
 
-constexpr int kWarps = kMaxCarriedPlanTokensPerCta;  // a CTA plans (and keeps the plan of) one token per warp
+constexpr int kWarps = kWarpsPerCta;  // a CTA plans (and keeps the plan of) one token per warp
 constexpr int kThreads = kWarps * 32;
 constexpr int kK = protocol::kMaxTopK;
 constexpr int kChunk = kDispatchChunk;  // channels per dispatch work item: 16 per lane

@@ -179,10 +179,11 @@ struct CarriedPlanArea {
   LLEP_HD constexpr int64_t bytes() const { return weights(2); }
 };
 
-/// Tokens per CTA a dispatch keeps its plan for (one round: one per warp, kWarps of ll_device_common.cuh is this), so a
-/// dispatch of more than this times the CTAs keeps none (and cannot carry combine_weights: GpuBuffer::Dispatch refuses
-/// them).
-inline constexpr int kMaxCarriedPlanTokensPerCta = 16;
+/// Warps of every low-latency kernel's CTA (kWarps of ll_device_common.cuh); host code sizes work splits with it.
+inline constexpr int kWarpsPerCta = 16;
+/// Tokens per CTA a dispatch keeps its plan for (one round: one per warp), so a dispatch of more than this times the
+/// CTAs keeps none (and cannot carry combine_weights: GpuBuffer::Dispatch refuses them).
+inline constexpr int kMaxCarriedPlanTokensPerCta = kWarpsPerCta;
 
 /// The messages a dispatch receive placed, kept on the expert rank for an expert-side combine
 /// (kernels/EXPERT_SIDE_COMBINE.md; device memory, zeroed at creation; LlDeviceContext::expert_plans). Its combine send
@@ -339,9 +340,7 @@ CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas);
 /// A combine receive's work items per token: 256-channel chunks (8 channels a lane), one per warp of its CTA, so a
 /// token's chunks are split over at most CombineRecvSegsPerToken CTAs (PlanCombineRecvSplit, ReceiveOnlyCtas).
 inline int CombineRecvChunks(int hidden) { return (hidden + 255) / 256; }
-inline int CombineRecvSegsPerToken(int hidden) {
-  return (CombineRecvChunks(hidden) + kMaxCarriedPlanTokensPerCta - 1) / kMaxCarriedPlanTokensPerCta;
-}
+inline int CombineRecvSegsPerToken(int hidden) { return (CombineRecvChunks(hidden) + kWarpsPerCta - 1) / kWarpsPerCta; }
 
 /// The grid of a receive-only launch (a hook's receive), from the buffer's grid `num_ctas` (the send launches'): fewer
 /// CTAs where a small T leaves most of them without a message or token. Such a CTA still reads the call state, marks
