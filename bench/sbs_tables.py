@@ -9,6 +9,10 @@
       per T the range over the files of llep / DeepEP per column, each ratio taken within one run (the README's
       table): kernels, hook send and receive, the paired eager round trip, one graph replay, graph16 (with both
       systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired).
+  sbs_tables.py settled FILE [FILE ...]
+      per T the settled hook receives (h_drs / h_crs: launched once every rank's send finished, the receive launch's
+      own cost), both systems' µs ranges over the files and the range of llep / DeepEP taken within each run (the
+      "settled" figures of the README and bench/RESULTS.md).
 """
 import argparse
 import json
@@ -81,6 +85,21 @@ def ratios(paths):
     return lines
 
 
+def settled(paths):
+    runs = [_rows(p) for p in paths]
+    tokens = sorted(set.intersection(*(set(r) for r in runs)))
+    lines = ['| T | dispatch receive llep / DeepEP (µs) | llep / DeepEP | combine receive llep / DeepEP (µs) | '
+             'llep / DeepEP |', '|---' * 5 + '|']
+    for t in tokens:
+        rs = [r[t] for r in runs]
+        cells = []
+        for c in ('h_drs', 'h_crs'):
+            cells += [f'{span([r.get(f"llep_{c}") for r in rs], 2)} / {span([r.get(f"deepep_{c}") for r in rs], 2)}',
+                      span([_ratio(r, c) for r in rs], 2)]
+        lines.append(f'| {t} | ' + ' | '.join(cells) + ' |')
+    return lines
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest='mode', required=True)
@@ -88,13 +107,15 @@ def main(argv):
     a.add_argument('dir')
     a.add_argument('variants', nargs='+')
     a.add_argument('--columns', default=','.join(RANGE_COLUMNS))
-    b = sub.add_parser('ratios')
-    b.add_argument('files', nargs='+')
+    for mode in ('ratios', 'settled'):
+        sub.add_parser(mode).add_argument('files', nargs='+')
     args = ap.parse_args(argv)
     if args.mode == 'ranges':
         lines = ranges(args.dir, args.variants, args.columns.split(','))
-    else:
+    elif args.mode == 'ratios':
         lines = ratios(args.files)
+    else:
+        lines = settled(args.files)
     print('\n'.join(lines))
     return 0
 

@@ -24,7 +24,8 @@
 #   LLEP_SBS_DUALS=1     every run with DeepEP beside it (--systems llep,deepep; carry .baseline), so each variant's
 #                        runs carry their own DeepEP columns: the method of bench/RESULTS.md since session 39. The
 #                        JSON files also go to $OUT (small), and bench/sbs_tables.py prints each variant's ranges
-#                        with DeepEP's at the end (`sbs_tables.py ratios $OUT/sbs_new_*.json` makes README's table)
+#                        with DeepEP's at the end, then each variant's settled receives (`sbs_tables.py settled`);
+#                        `sbs_tables.py ratios $OUT/sbs_new_*.json` makes README's table
 #   LLEP_SBS_DUAL_ENV    VAR=VALUE pairs (space-separated) for that run, e.g. LLEP_SBS_EXPERT_SIDE=1
 #   LLEP_SBS_BUDGET_S    no run starts after this many seconds (default 540: the device's 10-minute command limit)
 set -uo pipefail
@@ -122,6 +123,12 @@ if [ "${LLEP_SBS_DEEPEP:-0}" = 1 ]; then
   fi
 fi
 [ ${#names[@]} -gt 1 ] && python3 bench/compare_rounds.py "$LOGS" "${names[0]}" "${names[@]:1}" | tee "$LOGS/compare_rounds.txt"
-[ "$duals" = 1 ] && python3 bench/sbs_tables.py ranges "$LOGS" "${names[@]}" | tee "$LOGS/ranges.txt"
+if [ "$duals" = 1 ]; then
+  python3 bench/sbs_tables.py ranges "$LOGS" "${names[@]}" | tee "$LOGS/ranges.txt"
+  for name in "${names[@]}"; do  # each variant's settled receives against the DeepEP of its own runs
+    echo "settled receives, $name:"
+    python3 bench/sbs_tables.py settled "$LOGS"/sbs_"$name"_*.json | tee -a "$LOGS/settled.txt"
+  done
+fi
 [ -f "$LOGS/sbs_dual.log" ] && sed -n '/^llep vs DeepEP/,$p' "$LOGS/sbs_dual.log"
 exit 0

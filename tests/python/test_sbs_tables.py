@@ -13,7 +13,8 @@ def _run_file(path, scale, deepep):
     rows = []
     for t, base in ((1, 10.0), (8, 20.0)):
         r = {'T': t, 'T_max': t, 'deepep_refuses_T': False}
-        for c in ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'graph', 'graph16', 'eager', 'cpu_d', 'cpu_c'):
+        for c in ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_drs', 'h_crs', 'graph', 'graph16', 'eager',
+                  'cpu_d', 'cpu_c'):
             r[f'llep_{c}'] = scale * base
             r[f'deepep_{c}'] = deepep * base
         r.update(ratio_eager_p=0.6 * scale, ratio_cpu_d_p=0.4 * scale, ratio_cpu_c_p=0.5 * scale)
@@ -54,3 +55,12 @@ def test_ratios_within_each_run(tmp_path):
     assert t1[5] == '0.60–0.66'
     assert t1[8] == '0.40–0.44, 0.50–0.55 |'
     assert t8[3] == '0.50–0.55, 0.50–0.55'  # µs shown at the first T only
+
+
+def test_settled_receives_both_systems_and_ratios_within_each_run(tmp_path):
+    # run a: llep 10 vs DeepEP 20 (0.50); run b: 11 vs 16 (0.6875): the ratio range 0.50–0.69 is per run, not 10/16.
+    _run_file(tmp_path / 'a.json', 1.0, 2.0)
+    _run_file(tmp_path / 'b.json', 1.1, 1.6)
+    t1, t8 = _tables('settled', str(tmp_path / 'a.json'), str(tmp_path / 'b.json'))
+    assert t1 == ['| 1', '10.00–11.00 / 16.00–20.00', '0.50–0.69', '10.00–11.00 / 16.00–20.00', '0.50–0.69 |']
+    assert t8[0] == '| 8' and t8[1] == '20.00–22.00 / 32.00–40.00' and t8[2] == '0.50–0.69'
