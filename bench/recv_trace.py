@@ -53,7 +53,7 @@ def timeline(buf, op, points):
     # stamps. This launch's CTAs are those that entered within LAUNCH_SPREAD_NS of the newest entry (traced launches are
     # a synchronise and a barrier apart, far more than that); the rest are dropped.
     newest = max(col['entered'])
-    ran = [b for b in range(G) if col['entered'][b] and col['entered'][b] >= newest - LAUNCH_SPREAD_NS]
+    ran = {b for b in range(G) if col['entered'][b] and col['entered'][b] >= newest - LAUNCH_SPREAD_NS}
     col = {name: [vs[b] if b in ran else 0 for b in range(G)] for name, vs in col.items()}
     # Points are kept from older launches when a launch does not pass them: only this launch's (>= its entry) count.
     t0 = min(col['entered'][b] for b in ran)

@@ -61,14 +61,20 @@ def _ratio(row, c):
     return a / b if a is not None and b else None
 
 
-def ratios(paths):
+def _per_token(paths):
+    """[(T, [row of T in each file])] for the T every file has."""
     runs = [_rows(p) for p in paths]
     tokens = sorted(set.intersection(*(set(r) for r in runs)))
+    return [(t, [r[t] for r in runs]) for t in tokens]
+
+
+def ratios(paths):
+    per_token = _per_token(paths)
+    first = per_token[0][0] if per_token else None
     lines = ['| T | dispatch kernel | combine kernel | hook dispatch send / receive | hook combine send / receive | '
              'eager round trip (paired) | one graph replay | graph16 | host CPU dispatch / combine (paired) |',
              '|---' * 9 + '|']
-    for t in tokens:
-        rs = [r[t] for r in runs]
+    for t, rs in per_token:
 
         def rr(c):
             return span([_ratio(r, c) for r in rs], 2)
@@ -76,8 +82,8 @@ def ratios(paths):
         def us(c):
             return f'{span([r.get(f"llep_{c}") for r in rs], 1)} vs {span([r.get(f"deepep_{c}") for r in rs], 1)} µs'
 
-        d_recv = rr('h_dr') + (f' ({us("h_dr")})' if t == tokens[0] else '')
-        g16 = rr('graph16') + (f' ({us("graph16")})' if t == tokens[0] else '')
+        d_recv = rr('h_dr') + (f' ({us("h_dr")})' if t == first else '')
+        g16 = rr('graph16') + (f' ({us("graph16")})' if t == first else '')
         cells = [rr('k_disp'), rr('k_comb'), f'{rr("h_ds")}, {d_recv}', f'{rr("h_cs")}, {rr("h_cr")}',
                  span([r.get('ratio_eager_p') for r in rs], 2), rr('graph'), g16,
                  f'{span([r.get("ratio_cpu_d_p") for r in rs], 2)}, {span([r.get("ratio_cpu_c_p") for r in rs], 2)}']
@@ -86,12 +92,9 @@ def ratios(paths):
 
 
 def settled(paths):
-    runs = [_rows(p) for p in paths]
-    tokens = sorted(set.intersection(*(set(r) for r in runs)))
     lines = ['| T | dispatch receive llep / DeepEP (µs) | llep / DeepEP | combine receive llep / DeepEP (µs) | '
              'llep / DeepEP |', '|---' * 5 + '|']
-    for t in tokens:
-        rs = [r[t] for r in runs]
+    for t, rs in _per_token(paths):
         cells = []
         for c in ('h_drs', 'h_crs'):
             cells += [f'{span([r.get(f"llep_{c}") for r in rs], 2)} / {span([r.get(f"deepep_{c}") for r in rs], 2)}',
