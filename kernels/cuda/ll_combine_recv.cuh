@@ -27,19 +27,24 @@ struct CombineRecvPlan {
 };
 
 /// acc[i] += weight[k] * row_k[c0 + i] over the token's slots in top-k order (fp32 fma, skipped slots add
-/// nothing, as the CPU backend): the K rows' loads are issued together, then the sums run in order.
-template <int kMaxK>
+/// nothing, as the CPU backend): eight slots at a time, their rows' loads issued together, then the sums in order, so
+/// a top-k above 8 (up to kMaxTopK) runs the same code twice (one more round trip) instead of an inline 16-slot copy
+/// that every top-8 receive jumped over (kernels/SMALL_T_CODE.md). The order of the sums is the same either way.
 __device__ __forceinline__ void ReduceChunk(const CombineRecvPlan& rp, int K, int c0, float (&acc)[8]) {
-  uint4 v[kMaxK];
+  static_assert(kK <= 16, "at most two passes of 8 slots");
+#pragma unroll 1
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    uint4 v[8];
 #pragma unroll
-  for (int k = 0; k < kMaxK; ++k) {
-    const uint8_t* row = k < K ? rp.row[k] : nullptr;
-    v[k] = row != nullptr ? Ld16(row + int64_t{c0} * 2) : make_uint4(0, 0, 0, 0);
-  }
+    for (int k = 0; k < 8; ++k) {
+      const uint8_t* row = k0 + k < K ? rp.row[k0 + k] : nullptr;
+      v[k] = row != nullptr ? Ld16(row + int64_t{c0} * 2) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-  for (int k = 0; k < kMaxK; ++k) {
-    if (k >= K || rp.row[k] == nullptr) continue;
-    AccumulateBf16x8(v[k], rp.weight[k], acc);
+    for (int k = 0; k < 8; ++k) {
+      if (k0 + k >= K || rp.row[k0 + k] == nullptr) continue;
+      AccumulateBf16x8(v[k], rp.weight[k0 + k], acc);
+    }
   }
 }
 
@@ -319,11 +324,7 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
       if (c0 >= H) continue;
       const int t = slot + (round + tw) * G_tok;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (K <= 8) {
-        ReduceChunk<8>(rplans[tw], K, c0, acc);
-      } else {
-        ReduceChunk<kK>(rplans[tw], K, c0, acc);
-      }
+      ReduceChunk(rplans[tw], K, c0, acc);
       St16(p.out + int64_t{t} * H + c0, PackBf16x8(acc));
     }
     __syncthreads();
