@@ -78,7 +78,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       const int t = t0 + tid;
       bool hit_any = false;
       if (t < p.num_tokens) {
-        WithTokenIds(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const auto& ids) {
+        ForTokenIdsByEight(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const int(&ids)[8]) {
 #pragma unroll
           for (int k = 0; k < Len(ids); ++k) {
             const bool hit = ids[k] >= 0 && L.local_experts.Div(ids[k]) == d;

@@ -102,6 +102,42 @@ __device__ __forceinline__ void WithTokenIds(const LlDeviceContext& c, const int
   }
 }
 
+/// Calls f(ids) with token t's validated ids (as LoadTokenIds) eight slots at a time: ids is int[8], slots at or beyond
+/// K are -1; one pass for a top-k up to 8, two for up to kMaxTopK. A slot that repeats one of an earlier pass is found
+/// by re-reading that pass's values (the same row, cached), so a top-k above 8 runs the same code again instead of an
+/// inline 16-slot copy that every top-8 launch jumps over (kernels/SMALL_T_CODE.md; bench/RESULTS.md session 50: the
+/// dispatch send's route counting, 0.3-1.0 us of the hook send). Errors are recorded slot by slot, as LoadTokenIds'.
+template <typename F>
+__device__ __forceinline__ void ForTokenIdsByEight(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
+                                                   uint32_t seq, F&& f) {
+  const int64_t* r = topk + static_cast<int64_t>(t) * K;
+#pragma unroll 1
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    int64_t v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = k0 + k < K ? r[k0 + k] : -1;
+    bool earlier[8];  // the value is an earlier pass's: that slot kept it, or dropped it as a repeat itself
+#pragma unroll
+    for (int k = 0; k < 8; ++k) earlier[k] = false;
+#pragma unroll 1
+    for (int j = 0; j < k0; ++j) {
+      const int64_t w = r[j];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) earlier[k] |= v[k] >= 0 && v[k] == w;
+    }
+    int valid[8], ids[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      valid[k] = InRangeId(c, v[k], op, seq);
+      bool repeated = earlier[k] && valid[k] >= 0;
+#pragma unroll
+      for (int j = 0; j < k; ++j) repeated |= valid[k] >= 0 && valid[j] == valid[k];
+      ids[k] = UnlessRepeated(c, valid[k], repeated, v[k], op, seq);
+    }
+    f(ids);
+  }
+}
+
 /// The plan of one token, written by one warp into shared memory.
 struct TokenPlan {
   int id[kK];      ///< validated expert id per slot, -1 = skipped

@@ -181,6 +181,27 @@ def _corrupt_layout(c: Ctx) -> None:
     c.settle()
 
 
+def _repeat_past_eight(c: Ctx) -> None:
+    """A top-12 call (slots K..11 masked) in which token 1 repeats its slot-0 expert in slot 9: past the first eight
+    slots, which the kernels validate together (the dispatch send's route counting takes them eight at a time), so the
+    repeat must be found across passes. It is dropped, so each block's row count is the top-K call's, and recorded."""
+    topk = torch.full((c.topk.size(0), 12), -1, dtype=torch.int64, device=c.dev)
+    topk[:, :K] = c.topk
+    topk[1, 9] = topk[1, 0]
+    w = torch.zeros(topk.shape, dtype=torch.float32, device=c.dev)
+    w[:, :K] = c.w
+    recv, _, handle, _, _ = c.dispatch(topk=topk)
+    if c.dev.type == 'cuda':  # the CPU backend raised at the call
+        layout = handle[1].cpu()
+        for le in range(E_LOC):
+            for src in range(R):
+                want = int((_inputs(src, 0, torch.device('cpu'))[1] == c.rank * E_LOC + le).any(dim=1).sum())
+                got = int(layout[le, src] & 0xFFFFFFFF)
+                assert got == want, f'expert {c.rank * E_LOC + le} from rank {src}: {got} rows, expected {want}'
+    c.buf.low_latency_combine(recv, topk, w, handle)
+    c.settle()
+
+
 def _cases(c: Ctx) -> List[Case]:
     dev, other, n = c.dev, c.other, c.x.size(0)
     layers = int(c.buf._options['metrics_layers'])
@@ -242,6 +263,7 @@ def _cases(c: Ctx) -> List[Case]:
         Case('topk_id_too_large', lambda c: c.bad_ids_round(_set(1, 0, E)), IA, 'out of range|outside'),
         Case('topk_id_below_minus_one', lambda c: c.bad_ids_round(_set(1, 0, -2)), IA, 'out of range|outside'),
         Case('topk_id_repeated', lambda c: c.bad_ids_round(_set(1, 1, None)), IA, 'twice|repeated'),
+        Case('topk_id_repeated_past_slot_eight', _repeat_past_eight, IA, 'twice|repeated'),
         # ---- dispatch: the other arguments
         Case('num_experts_not_the_buffers', lambda c: c.dispatch(experts=2 * E), IA, 'every call must agree'),
         Case('tokens_per_rank_not_the_buffers', lambda c: c.dispatch(tokens=2 * T), IA, 'every call must agree'),
