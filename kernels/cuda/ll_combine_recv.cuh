@@ -117,7 +117,8 @@ __device__ void CountCombineRows(const LlDeviceContext& c, const int64_t* topk, 
 }
 
 /// Rows this rank routed to each rank (validated ids), into routed[R] (zeroed by the caller, then a barrier); for an
-/// expert-side combine, tokens with a selection on each rank (one partial row each).
+/// expert-side combine (kExpertSide), tokens with a selection on each rank (one partial row each).
+template <bool kExpertSide>
 __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* routed) {
   const LlDeviceContext& c = p.ctx;
   for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) {
@@ -128,7 +129,7 @@ __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* route
         const int d = c.layout.local_experts.Div(ids[k]);
         bool again = false;  // an earlier slot on the same rank (expert-side: one row per rank)
 #pragma unroll
-        for (int j = 0; j < k; ++j) again |= p.expert_reduced && ids[j] >= 0 && c.layout.local_experts.Div(ids[j]) == d;
+        for (int j = 0; j < k; ++j) again |= kExpertSide && ids[j] >= 0 && c.layout.local_experts.Div(ids[j]) == d;
         if (!again) atomicAdd(&routed[d], 1);
       }
     });
@@ -167,7 +168,9 @@ __device__ __forceinline__ void PlanReducedRows(const LlDeviceContext& c, const 
 /// with the token's ids) or, when that is not at hand, are counted over all tokens (CountCombineRows). The last CTA
 /// (tokenless at small T, so off the critical path) also counts the rows routed to each rank and checks that every
 /// expert rank returned exactly those; every CTA checks that the rows it reads exist.
-/// Returns whether this CTA stamps the receive's end (metrics): every CTA (see the end).
+/// Returns whether this CTA stamps the receive's end (metrics): every CTA (see the end). kExpertSide: the expert-side
+/// combine's compilation (CombineSend).
+template <bool kExpertSide>
 __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
@@ -189,7 +192,7 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
   Trace(c, LlOp::kCombine, kTraceRecvStart);
   uint32_t seq = gate.error_seq();
   // failed[2]: an expert-side combine's own check failed (1: weights differ, 2: the dispatch's plan is gone).
-  const bool reduced = p.expert_reduced;
+  constexpr bool reduced = kExpertSide;  // the kernel's compilation (CombineSend)
   if (tid == 0) failed[0] = failed[2] = 0;
   // The dispatch's plans of both halves (CarriedPlanArea): the route prefixes and the headers load here, each round's
   // entries with its ids, all in one round trip; the headers by one thread of a warp that holds no token below
@@ -272,7 +275,7 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
       // The checking CTA counts the rows routed to each rank from this call's topk_idx (not from a kept plan: a
       // topk_idx that is not the dispatch's still shows up as a count mismatch). After the plan, so that its loads
       // do not delay the plan's; the barriers before the signals' order the zeroing above and the adds.
-      if (checks_counts) CountRoutedRows(p, seq, routed);
+      if (checks_counts) CountRoutedRows<kExpertSide>(p, seq, routed);
       Trace(c, LlOp::kCombine, kTraceRecvPlanned);
       if ((seq = gate.Open()) == 0) return false;
       // Each expert rank must return exactly the rows this rank routed to it.

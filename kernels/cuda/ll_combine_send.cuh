@@ -125,13 +125,9 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   }
 }
 
-/// The block plan (from the handle's layout_range) is made while the call state is read; the gate opens before the
-/// first row is copied. An expert-side combine (the dispatch carried combine_weights) is CombineSendReduced.
-__device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& gate, uint8_t* smem) {
-  if (p.expert_reduced) {
-    CombineSendReduced(p, gate, smem);
-    return;
-  }
+/// The per-(token, expert) combine's send. The block plan (from the handle's layout_range) is made while the call state
+/// is read; the gate opens before the first row is copied.
+__device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
   const int R = L.shape.num_ranks, E_loc = static_cast<int>(L.local_experts.divisor), H = L.shape.hidden;
@@ -263,6 +259,18 @@ __device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& ga
   for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
     const auto n = static_cast<uint32_t>(max(rows_to[d], 0));
     PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, pieces ? n * kRowPieces : n, false);
+  }
+}
+
+/// The combine's send phase as compiled into a kernel: kExpertSide for the expert-side combine (the dispatch carried
+/// combine_weights), whose kernels are compiled apart (kernels/cuda/ll_kernels_expert_side.cu), so neither combine's
+/// launch carries the other's code in line (kernels/SMALL_T_CODE.md).
+template <bool kExpertSide>
+__device__ __forceinline__ void CombineSend(const CombineParams& p, CallGate& gate, uint8_t* smem) {
+  if constexpr (kExpertSide) {
+    CombineSendReduced(p, gate, smem);
+  } else {
+    CombineSendPerExpert(p, gate, smem);
   }
 }
 

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p, int ph
 
 __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend, CombineRecv);
+  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend<false>, CombineRecv<false>);
 }
 
 // Metrics flush: a separate kernel so the two contract kernels keep their launch shape.
@@ -86,15 +86,19 @@ int64_t CombineSharedBytes(const protocol::LlShape& s) {
 }
 
 namespace {
-/// Every kernel launched, as the untyped pointers both CUDA's and HIP's attribute calls take: this file's two, then
-/// their receive-only compilations (ll_kernels_recv.cu), in LlLaunchHandles' order. fn(index, kernel) for each, until
-/// one fails.
+/// Every kernel launched, as the untyped pointers both CUDA's and HIP's attribute calls take: this file's two, their
+/// receive-only compilations (ll_kernels_recv.cu), then the expert-side combine's two (ll_kernels_expert_side*.cu), in
+/// LlLaunchHandles' order. fn(index, kernel) for each, until one fails.
+constexpr int kNumKernels = 6;
 template <typename Fn>
 cudaError_t ForEachKernel(Fn&& fn) {
-  const void* const all[] = {reinterpret_cast<const void*>(dispatch), reinterpret_cast<const void*>(combine),
-                             reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
-                             reinterpret_cast<const void*>(ReceiveOnlyCombineKernel())};
-  for (int i = 0; i < 4; ++i) {
+  const void* const all[kNumKernels] = {reinterpret_cast<const void*>(dispatch),
+                                        reinterpret_cast<const void*>(combine),
+                                        reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
+                                        reinterpret_cast<const void*>(ReceiveOnlyCombineKernel()),
+                                        reinterpret_cast<const void*>(ExpertSideCombineKernel()),
+                                        reinterpret_cast<const void*>(ReceiveOnlyExpertSideCombineKernel())};
+  for (int i = 0; i < kNumKernels; ++i) {
     const cudaError_t e = fn(i, all[i]);
     if (e != cudaSuccess) return e;
   }
@@ -132,7 +136,8 @@ cudaError_t ResolveLlLaunch(LlLaunchHandles* out) {
   cudaDriverEntryPointQueryResult found{};
   cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &h.launch, 12000, cudaEnableDefault, &found);
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || h.launch == nullptr) return e;
-  void** const handles[] = {&h.dispatch, &h.combine, &h.dispatch_recv, &h.combine_recv};
+  void** const handles[kNumKernels] = {&h.dispatch,     &h.combine,    &h.dispatch_recv,
+                                       &h.combine_recv, &h.combine_es, &h.combine_es_recv};
   e = ForEachKernel([&](int i, const void* k) {
     cudaFunction_t f = nullptr;
     const cudaError_t r = cudaGetFuncBySymbol(&f, k);
@@ -239,6 +244,11 @@ cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchCon
   // A split made for another grid than the receive phase's (a send-only launch does not read it).
   if ((phase & kPhaseRecv) != 0 && p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;
   const LlLaunchHandles* h = cfg.handles;
+  if (p.expert_reduced) {  // the expert-side combine's own compilation (ll_kernels_expert_side.cu)
+    return LaunchLl(ExpertSideCombineKernel(), ReceiveOnlyExpertSideCombineKernel(),
+                    h != nullptr ? h->combine_es : nullptr, h != nullptr ? h->combine_es_recv : nullptr, p, phase, cfg,
+                    CombineSharedBytes(p.ctx.layout.shape), stream);
+  }
   return LaunchLl(combine, ReceiveOnlyCombineKernel(), h != nullptr ? h->combine : nullptr,
                   h != nullptr ? h->combine_recv : nullptr, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape),
                   stream);

@@ -387,11 +387,13 @@ inline constexpr int kZeroCopyHalf = 0;
 /// receive hook. Opaque pointers, so this header needs no driver header; all null (HIP, a driver without the entry
 /// point) means the runtime's launch.
 struct LlLaunchHandles {
-  void* launch = nullptr;         ///< the driver's cuLaunchKernelEx
-  void* dispatch = nullptr;       ///< CUfunction of `dispatch` in the current device's context
-  void* combine = nullptr;        ///< CUfunction of `combine`
-  void* dispatch_recv = nullptr;  ///< CUfunction of the receive-only `dispatch` (ll_kernels_recv.cu)
-  void* combine_recv = nullptr;   ///< CUfunction of the receive-only `combine`
+  void* launch = nullptr;           ///< the driver's cuLaunchKernelEx
+  void* dispatch = nullptr;         ///< CUfunction of `dispatch` in the current device's context
+  void* combine = nullptr;          ///< CUfunction of `combine`
+  void* dispatch_recv = nullptr;    ///< CUfunction of the receive-only `dispatch` (ll_kernels_recv.cu)
+  void* combine_recv = nullptr;     ///< CUfunction of the receive-only `combine`
+  void* combine_es = nullptr;       ///< CUfunction of the expert-side `combine` (ll_kernels_expert_side.cu)
+  void* combine_es_recv = nullptr;  ///< CUfunction of the expert-side receive-only `combine`
 };
 /// Resolves the handles for the current device (after cudaSetDevice). An error leaves *out all null (runtime launches).
 cudaError_t ResolveLlLaunch(LlLaunchHandles* out);

@@ -27,7 +27,7 @@ static __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p,
 
 static __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int /*phase*/) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend, CombineRecv);
+  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend<false>, CombineRecv<false>);
 }
 
 DispatchKernelFn ReceiveOnlyDispatchKernel() { return dispatch; }

@@ -22,6 +22,10 @@ using CombineKernelFn = void (*)(CombineParams, int);
 /// signatures as the kernels of ll_kernels.cu, the receive phase compiled alone (ll_kernels.h says why).
 DispatchKernelFn ReceiveOnlyDispatchKernel();
 CombineKernelFn ReceiveOnlyCombineKernel();
+/// The expert-side combine's kernels (CombineParams::expert_reduced), from ll_kernels_expert_side.cu and
+/// ll_kernels_expert_side_recv.cu: the same name and signature, its phases compiled apart from the other combine's.
+CombineKernelFn ExpertSideCombineKernel();
+CombineKernelFn ReceiveOnlyExpertSideCombineKernel();
 
 namespace {
 
