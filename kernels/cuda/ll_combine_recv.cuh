@@ -117,19 +117,28 @@ __device__ void CountCombineRows(const LlDeviceContext& c, const int64_t* topk, 
 }
 
 /// Rows this rank routed to each rank (validated ids), into routed[R] (zeroed by the caller, then a barrier); for an
-/// expert-side combine (kExpertSide), tokens with a selection on each rank (one partial row each).
+/// expert-side combine (kExpertSide), tokens with a selection on each rank (one partial row each): a slot counts
+/// unless an earlier slot of the token selected an expert on the same rank. An earlier pass's slot is re-read from
+/// the row (cached): any value in [0, E) there names its rank, kept or dropped as a repeat of a kept one.
 template <bool kExpertSide>
 __device__ void CountRoutedRows(const CombineParams& p, uint32_t seq, int* routed) {
   const LlDeviceContext& c = p.ctx;
+  const protocol::FastDivisor& e_loc = c.layout.local_experts;
+  const int E = c.layout.shape.num_experts, K = p.num_topk;
   for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) {
-    WithTokenIds(c, p.topk_idx, t, p.num_topk, LlOp::kCombine, seq, [&](const auto& ids) {
+    ForTokenIdsByEight(c, p.topk_idx, t, K, LlOp::kCombine, seq, [&](const int(&ids)[8], int k0) {
 #pragma unroll
-      for (int k = 0; k < Len(ids); ++k) {
+      for (int k = 0; k < 8; ++k) {
         if (ids[k] < 0) continue;
-        const int d = c.layout.local_experts.Div(ids[k]);
+        const int d = e_loc.Div(ids[k]);
         bool again = false;  // an earlier slot on the same rank (expert-side: one row per rank)
+        if constexpr (kExpertSide) {
 #pragma unroll
-        for (int j = 0; j < k; ++j) again |= kExpertSide && ids[j] >= 0 && c.layout.local_experts.Div(ids[j]) == d;
+          for (int j = 0; j < k; ++j) again |= ids[j] >= 0 && e_loc.Div(ids[j]) == d;
+          const int64_t* r = p.topk_idx + static_cast<int64_t>(t) * K;
+#pragma unroll 1
+          for (int j = 0; j < k0; ++j) again |= r[j] >= 0 && r[j] < E && e_loc.Div(static_cast<int>(r[j])) == d;
+        }
         if (!again) atomicAdd(&routed[d], 1);
       }
     });

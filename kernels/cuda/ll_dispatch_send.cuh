@@ -78,9 +78,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       const int t = t0 + tid;
       bool hit_any = false;
       if (t < p.num_tokens) {
-        ForTokenIdsByEight(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const int(&ids)[8]) {
+        ForTokenIdsByEight(c, p.topk_idx, t, K, LlOp::kDispatch, seq, [&](const int(&ids)[8], int) {
 #pragma unroll
-          for (int k = 0; k < Len(ids); ++k) {
+          for (int k = 0; k < 8; ++k) {
             const bool hit = ids[k] >= 0 && L.local_experts.Div(ids[k]) == d;
             if (hit) atomicAdd(&counts[ids[k] - d * E_loc], 1);
             hit_any |= hit;

@@ -61,52 +61,12 @@ __device__ __forceinline__ int WarpTokenExpert(const LlDeviceContext& c, const i
   return WarpTokenExpertOf(c, lane < K ? topk[static_cast<int64_t>(t) * K + lane] : -1, op, seq);
 }
 
-/// Thread form: the calling thread loads token t's whole row at once (one round of independent loads instead of
-/// one dependent load per token of a warp loop) and gets its validated ids in ids[0, kMaxK), slots >= K set to -1.
-template <int kMaxK>
-__device__ __forceinline__ void LoadTokenIds(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
-                                             uint32_t seq, int (&ids)[kMaxK]) {
-  const int64_t* r = topk + static_cast<int64_t>(t) * K;
-  int64_t v[kMaxK];
-#pragma unroll
-  for (int k = 0; k < kMaxK; ++k) v[k] = k < K ? r[k] : -1;
-  int valid[kMaxK];
-#pragma unroll
-  for (int k = 0; k < kMaxK; ++k) {
-    valid[k] = InRangeId(c, v[k], op, seq);
-    bool repeated = false;
-#pragma unroll
-    for (int j = 0; j < k; ++j) repeated |= valid[k] >= 0 && valid[j] == valid[k];
-    ids[k] = UnlessRepeated(c, valid[k], repeated, v[k], op, seq);
-  }
-}
-
-template <int N>
-__device__ constexpr int Len(const int (&)[N]) {
-  return N;
-}
-
-/// Calls f(ids) with token t's validated ids (LoadTokenIds) in a register array of 8 entries when K <= 8 (the
-/// common top-8), else of kMaxTopK; f iterates k < Len(ids).
-template <typename F>
-__device__ __forceinline__ void WithTokenIds(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
-                                             uint32_t seq, F&& f) {
-  if (K <= 8) {
-    int ids[8];
-    LoadTokenIds<8>(c, topk, t, K, op, seq, ids);
-    f(ids);
-  } else {
-    int ids[kK];
-    LoadTokenIds<kK>(c, topk, t, K, op, seq, ids);
-    f(ids);
-  }
-}
-
-/// Calls f(ids) with token t's validated ids (as LoadTokenIds) eight slots at a time: ids is int[8], slots at or beyond
-/// K are -1; one pass for a top-k up to 8, two for up to kMaxTopK. A slot that repeats one of an earlier pass is found
-/// by re-reading that pass's values (the same row, cached), so a top-k above 8 runs the same code again instead of an
+/// Thread form: the calling thread takes token t's row and calls f(ids, k0) with its validated ids eight slots at a
+/// time: ids is int[8] holding slots [k0, k0 + 8), those at or beyond K -1; one pass for a top-k up to 8, two for up
+/// to kMaxTopK. Each pass is one round of independent loads. A slot that repeats one of an earlier pass is found by
+/// re-reading that pass's values (the same row, cached), so a top-k above 8 runs the same code again instead of an
 /// inline 16-slot copy that every top-8 launch jumps over (kernels/SMALL_T_CODE.md; bench/RESULTS.md session 50: the
-/// dispatch send's route counting, 0.3-1.0 us of the hook send). Errors are recorded slot by slot, as LoadTokenIds'.
+/// dispatch send's route counting, 0.3-1.0 us of the hook send). Errors are recorded slot by slot.
 template <typename F>
 __device__ __forceinline__ void ForTokenIdsByEight(const LlDeviceContext& c, const int64_t* topk, int t, int K, LlOp op,
                                                    uint32_t seq, F&& f) {
@@ -134,7 +94,7 @@ __device__ __forceinline__ void ForTokenIdsByEight(const LlDeviceContext& c, con
       for (int j = 0; j < k; ++j) repeated |= valid[k] >= 0 && valid[j] == valid[k];
       ids[k] = UnlessRepeated(c, valid[k], repeated, v[k], op, seq);
     }
-    f(ids);
+    f(ids, k0);
   }
 }
 
