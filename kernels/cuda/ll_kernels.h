@@ -349,7 +349,8 @@ inline int CombineRecvSegsPerToken(int hidden) { return (CombineRecvChunks(hidde
 /// Measured against the whole grid (bench/RESULTS.md session 47, H200, DeepEP beside), settled receives: EP2 dispatch
 /// 5.3-5.6 -> 4.4-4.5 us at T=1, 5.3-5.4 -> 4.7-4.9 at T=8, combine 5.8 -> 5.5 and 6.0 -> 5.6, T=32 0.3-0.4 us
 /// shorter; EP4 dispatch 4.6-4.7 -> 4.2 and 5.2-5.4 -> 4.4-4.5, combine 5.7-5.8 -> 5.4 and 5.9 -> 5.6; level where
-/// the grid stays whole (T >= 128; EP4 T=32).
+/// the grid stays whole (T >= 128). Half up to 128 messages, not 64 (session 51, EP4 T=32, 128 messages): settled
+/// dispatch receive 5.6-5.9 -> 5.1 us, combine 6.0 -> 5.6-5.7.
 /// The work is estimated from this rank's call: its messages, min(R, top-k) per token (in decode its peers send about
 /// as many; a peer sending more only makes this receive slower, never wrong); a combine receive also keeps its tokens'
 /// chunk split (CombineRecvSegsPerToken CTAs a token) and two tokenless CTAs for the count check and the metrics
@@ -358,7 +359,7 @@ inline int CombineRecvSegsPerToken(int hidden) { return (CombineRecvChunks(hidde
 /// each other. GpuBuffer decides it once per operation, when it sends (GpuPendingOp::recv_ctas).
 inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_tokens, int hidden, bool combine) {
   const int64_t messages = int64_t{num_ranks < num_topk ? num_ranks : num_topk} * num_tokens;
-  int64_t g = messages <= 4 ? num_ctas / 4 : messages <= 64 ? num_ctas / 2 : num_ctas;
+  int64_t g = messages <= 4 ? num_ctas / 4 : messages <= 128 ? num_ctas / 2 : num_ctas;
   if (combine) {
     const int64_t busy = (int64_t{num_tokens} + 2) * CombineRecvSegsPerToken(hidden);
     if (g < busy) g = busy;

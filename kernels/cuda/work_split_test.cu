@@ -80,7 +80,7 @@ TEST(SplitLog2, EqualsTheDoublingLoop) {
 
 // The receive-only grid: the measured choices at the decode shape (2 ranks, top-8, H = 7168, 132 SMs: a quarter of the
 // CTAs at T=1, half at T = 8-32, all at T=128); and for every shape and grid, within [min(4, G), G], never smaller for
-// more tokens, the whole grid above 64 messages, and a combine receive's split as fine as the whole grid's with its
+// more tokens, the whole grid above 128 messages, and a combine receive's split as fine as the whole grid's with its
 // last two CTAs (count check, metrics binning) holding no token.
 TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, false), 33);
@@ -102,7 +102,7 @@ TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
               ASSERT_LE(g, G);
               ASSERT_GE(g, prev) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
               prev = g;
-              if (int64_t{std::min(R, K)} * T > 64) ASSERT_EQ(g, G);
+              if (int64_t{std::min(R, K)} * T > 128) ASSERT_EQ(g, G);
               if (!combine || g == G) continue;
               const CombineRecvSplit full = PlanCombineRecvSplit(hidden, T, G), sp = PlanCombineRecvSplit(hidden, T, g);
               ASSERT_EQ(sp.segs.divisor, full.segs.divisor) << "G=" << G << " g=" << g << " T=" << T;
