@@ -244,14 +244,14 @@ cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchCon
   // A split made for another grid than the receive phase's (a send-only launch does not read it).
   if ((phase & kPhaseRecv) != 0 && p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;
   const LlLaunchHandles* h = cfg.handles;
+  const int64_t smem = CombineSharedBytes(p.ctx.layout.shape);
   if (p.expert_reduced) {  // the expert-side combine's own compilation (ll_kernels_expert_side.cu)
     return LaunchLl(ExpertSideCombineKernel(), ReceiveOnlyExpertSideCombineKernel(),
                     h != nullptr ? h->combine_es : nullptr, h != nullptr ? h->combine_es_recv : nullptr, p, phase, cfg,
-                    CombineSharedBytes(p.ctx.layout.shape), stream);
+                    smem, stream);
   }
   return LaunchLl(combine, ReceiveOnlyCombineKernel(), h != nullptr ? h->combine : nullptr,
-                  h != nullptr ? h->combine_recv : nullptr, p, phase, cfg, CombineSharedBytes(p.ctx.layout.shape),
-                  stream);
+                  h != nullptr ? h->combine_recv : nullptr, p, phase, cfg, smem, stream);
 }
 
 }  // namespace llep::kernels::cuda
