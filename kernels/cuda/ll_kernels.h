@@ -350,7 +350,7 @@ inline int CombineRecvSegsPerToken(int hidden) { return (CombineRecvChunks(hidde
 /// 5.3-5.6 -> 4.4-4.5 us at T=1, 5.3-5.4 -> 4.7-4.9 at T=8, combine 5.8 -> 5.5 and 6.0 -> 5.6, T=32 0.3-0.4 us
 /// shorter; EP4 dispatch 4.6-4.7 -> 4.2 and 5.2-5.4 -> 4.4-4.5, combine 5.7-5.8 -> 5.4 and 5.9 -> 5.6; level where
 /// the grid stays whole (T >= 128). Half up to 128 messages, not 64 (session 51, EP4 T=32, 128 messages): settled
-/// dispatch receive 5.6-5.9 -> 5.1 us, combine 6.0 -> 5.6-5.7.
+/// dispatch receive 5.1 us against 5.3-5.9 on the whole grid, combine 5.6-5.7 against 6.0-6.2.
 /// The work is estimated from this rank's call: its messages, min(R, top-k) per token (in decode its peers send about
 /// as many; a peer sending more only makes this receive slower, never wrong); a combine receive also keeps its tokens'
 /// chunk split (CombineRecvSegsPerToken CTAs a token) and two tokenless CTAs for the count check and the metrics
