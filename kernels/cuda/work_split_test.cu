@@ -79,9 +79,9 @@ TEST(SplitLog2, EqualsTheDoublingLoop) {
 }
 
 // The receive-only grid: the measured choices at the decode shape (2 ranks, top-8, H = 7168, 132 SMs: a quarter of the
-// CTAs at T=1, half at T = 8-32, all at T=128); and for every shape and grid, within [min(4, G), G], never smaller for
-// more tokens, the whole grid above 128 messages, and a combine receive's split as fine as the whole grid's with its
-// last two CTAs (count check, metrics binning) holding no token.
+// CTAs at T=1, half at T = 8-32, all at T=128; half at EP4 T=32); and for every shape and grid, within [min(4, G), G],
+// never smaller for more tokens, the whole grid above 128 messages, and a combine receive's split as fine as the whole
+// grid's with its last two CTAs (count check, metrics binning) holding no token.
 TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, false), 33);
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 8, 7168, false), 66);
@@ -90,6 +90,8 @@ TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, true), 33);
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, true), 68);  // 2 CTAs per token (28 chunks) and 2 tokenless
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, true), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 32, 7168, false), 66);  // EP4 T=32: 128 messages, half (session 51)
+  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 33, 7168, false), 132);
   for (int G : {1, 2, 3, 4, 5, 16, 33, 64, 78, 132}) {
     for (int R : {1, 2, 4, 8, 9, 64}) {
       for (int K : {1, 8, 12, 16}) {
