@@ -12,9 +12,9 @@
 // Medians over kReps. If `evict` differs between copies by tenths of a microsecond, placement reaches a receive's
 // time through fetches from L2; if only `flush` does, through device memory; if neither, look at the other kernels'
 // code (the copies' neighbours in the real modules) next.
-//   nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/code_placement_probe bench/experiments/code_placement_probe.cu
+//   nvcc -O3 -arch=sm_90a -std=c++17 -I. -o /tmp/code_placement_probe bench/experiments/code_placement_probe.cu
 //   /tmp/code_placement_probe            # one GPU, seconds
-//   nvcc -O3 -arch=sm_90a -std=c++17 -cubin -o /tmp/probe.cubin bench/experiments/code_placement_probe.cu
+//   nvcc -O3 -arch=sm_90a -std=c++17 -I. -cubin -o /tmp/probe.cubin bench/experiments/code_placement_probe.cu
 //   readelf -SW /tmp/probe.cubin | grep "text.*victim"   # each copy's offset (and size) in the module
 #include <cuda_runtime.h>
 
@@ -23,14 +23,8 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                         \
-  do {                                                \
-    cudaError_t e_ = (x);                             \
-    if (e_ != cudaSuccess) {                          \
-      printf("%s: %s\n", #x, cudaGetErrorString(e_)); \
-      return 1;                                       \
-    }                                                 \
-  } while (0)
+#include "bench/experiments/probe_check.h"
+#include "runtime/protocol/gpu_port.h"
 
 namespace {
 
@@ -38,12 +32,6 @@ namespace {
 // warps' issue (16 warps, as the receive's CTA, would issue for ~6 us).
 constexpr int kThreads = 128, kVictimCtas = 33, kReps = 200;
 constexpr int kVictimMads = 720;  // four chains: ~2,900 instructions, ~46 KiB of code
-
-__device__ __forceinline__ uint64_t GlobalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 /// n rounds of four independent multiply-adds on values ptxas cannot know: 4n instructions it keeps, in line.
 template <int kN>
@@ -62,13 +50,13 @@ __device__ __forceinline__ uint32_t Straight(uint32_t a, uint32_t m) {
 /// span[0] = min over CTAs of their start, span[1] = max of their end (reset to {~0, 0} before each launch).
 template <int kCopy>
 __global__ void __launch_bounds__(kThreads) victim(const uint32_t* in, uint32_t* sink, unsigned long long* span) {
-  const uint64_t t0 = GlobalTimer();
+  const uint64_t t0 = llep::gpu::GlobalTimerNs();
   const uint32_t v = Straight<kVictimMads>(in[0] + threadIdx.x, in[1]);
   if (v == 0x12345678u) sink[kCopy] = v;  // keeps the chains; never true for the inputs below
   __syncthreads();
   if (threadIdx.x == 0) {
     atomicMin(span, static_cast<unsigned long long>(t0));
-    atomicMax(span + 1, static_cast<unsigned long long>(GlobalTimer()));
+    atomicMax(span + 1, static_cast<unsigned long long>(llep::gpu::GlobalTimerNs()));
   }
 }
 

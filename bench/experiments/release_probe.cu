@@ -27,17 +27,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench/experiments/probe_check.h"
 #include "runtime/protocol/gpu_port.h"
 #include "runtime/protocol/sys_order.h"
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                 \
-    }                                                                           \
-  } while (0)
 
 namespace {
 

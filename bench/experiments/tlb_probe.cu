@@ -8,14 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
-#define CK(x)                                        \
-  do {                                               \
-    cudaError_t e = (x);                             \
-    if (e != cudaSuccess) {                          \
-      printf("%s: %s\n", #x, cudaGetErrorString(e)); \
-      return 1;                                      \
-    }                                                \
-  } while (0)
+
+#include "bench/experiments/probe_check.h"
 __device__ __forceinline__ uint64_t gt() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
