@@ -42,7 +42,8 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   }
   __syncthreads();
   const auto count = [&](int d) { return msgs[d]; };
-  const int total = WarpMessageTotal(count, R);
+  const MessageScan scan = ScanMessages(count, R);
+  const int total = scan.total;
   const int chunks = (H + 255) / 256;
   const int lg =
       c.proxy_region == nullptr ? SplitLog2(total, G * kWarps, 0, FloorLog2(static_cast<uint32_t>(chunks))) : 0;
@@ -53,7 +54,7 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
     float w;
   };
   const auto load = [&](int item) {
-    const MessageRef ref = LocateMessage(count, R, item >> lg);
+    const MessageRef ref = LocateMessage(count, R, item >> lg, scan);
     const uint8_t* const e = c.expert_plans + xp.entry(slot, ref.src, ref.j);
     const int2 meta = *reinterpret_cast<const int2*>(e);  // {token on d, selections}
     Item it{ref.src, meta.x, min(meta.y, kK), 0, 0.0f};

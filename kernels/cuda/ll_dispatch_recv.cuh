@@ -200,7 +200,8 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // storing a message's scales (6.4 us at T=1 against 4.8 for the payload items, session 21). Segments target one item
   // per CTA, not per warp: splitting down to a warp per slice at T=128 (1 rank) cost the dispatch kernel 7 %
   // (re-read headers, more warps fetching cold code), bench/RESULTS.md session 14.
-  const int total = WarpMessageTotal(messages, R);
+  const MessageScan scan = ScanMessages(messages, R);
+  const int total = scan.total;
   // A payload's bytes and its segments' offsets in 32 bits (H <= protocol::kMaxHidden: at most 128 KiB): 64-bit
   // arithmetic is two instructions for one on a path the small-T receive runs once, cold.
   static_assert(int64_t{2} * protocol::kMaxHidden + 511 <= INT32_MAX, "a payload's byte offsets fit 32 bits");
@@ -236,7 +237,7 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
     const int m = item >> lg, s = item & ((1 << lg) - 1);
     const int q0 = (s * slices) >> lg, nq = (((s + 1) * slices) >> lg) - q0;  // the segment's slices
     const int lo = q0 * 512, seg_bytes = min(bytes - lo, nq * 512);
-    const MessageRef ref = LocateMessage(messages, R, m);
+    const MessageRef ref = LocateMessage(messages, R, m, scan);
     const int src = ref.src, j = ref.j;
     const uint8_t* in = SrcBase(c, src);
     const uint8_t* hdr = in + L.RouteHeaderOffset(L.RouteRecvOffset(half, src), j);

@@ -293,32 +293,47 @@ struct MessageRef {
   int src, j;
 };
 
-/// Messages counted over all sources (count(src) each, -1 for a masked source: none). Warp-collective.
-/// The first 32 sources are summed before the loop, which only runs beyond them: at R <= 32 (every NVLink-only
-/// buffer of up to 32 ranks) the path is a few straight-line instructions instead of the compiler's unrolled loop
-/// with its remainder, which a small-T receive runs once, cold (bench/RESULTS.md session 36). That loop is not unrolled
-/// either: unrolled, its code was a 1.6 KiB jump on the receive's path at R <= 32 (ncu source counters, session 38).
+/// The messages per source as a warp sees them (count(src) each, -1 for a masked source: none): lane i holds the
+/// inclusive and exclusive prefixes of sources 0..i (i < 32), `first` the messages of sources 0..31, `total` those of
+/// all sources. Warp-collective. One scan gives the total and, kept, places every message of the first 32 sources
+/// (every NVLink-only buffer of up to 32 ranks) without a scan per item (LocateMessage): a warp sum for the total
+/// and a scan per item were two chains of five shuffles and a shared load each on a small-T receive item's path.
+/// Sources beyond 32 are summed by a loop that only runs beyond them, not unrolled: unrolled, its code was a 1.6 KiB
+/// jump on the receive's path at R <= 32 (ncu source counters, bench/RESULTS.md session 38).
+struct MessageScan {
+  int incl, excl, first, total;
+};
 template <typename Count>
-__device__ __forceinline__ int WarpMessageTotal(const Count& count, int R) {
+__device__ __forceinline__ MessageScan ScanMessages(const Count& count, int R) {
   const int lane = threadIdx.x % 32;
-  int total = gpu::WarpSum(lane < R ? max(count(lane), 0) : 0);
+  const int v = lane < R ? max(count(lane), 0) : 0;
+  MessageScan sc;
+  sc.incl = WarpInclusiveScan(v);
+  sc.excl = sc.incl - v;
+  sc.first = gpu::WarpShfl(sc.incl, 31);
+  sc.total = sc.first;
 #pragma unroll 1
-  for (int s0 = 32; s0 < R; s0 += 32) total += gpu::WarpSum(s0 + lane < R ? max(count(s0 + lane), 0) : 0);
-  return total;
+  for (int s0 = 32; s0 < R; s0 += 32) sc.total += gpu::WarpSum(s0 + lane < R ? max(count(s0 + lane), 0) : 0);
+  return sc;
 }
 
-/// Message m (< WarpMessageTotal) of the messages taken in source order: a warp scan per 32 sources, so a warp
-/// finds it without a CTA-wide scan and its barriers. Warp-collective, m warp-uniform.
+/// Message m (< sc.total) of the messages taken in source order: from the kept scan among the first 32 sources (a
+/// ballot and a shuffle), beyond them a warp scan per 32 sources; no CTA-wide scan and its barriers either way.
+/// Warp-collective, m warp-uniform.
 template <typename Count>
-__device__ __forceinline__ MessageRef LocateMessage(const Count& count, int R, int m) {
+__device__ __forceinline__ MessageRef LocateMessage(const Count& count, int R, int m, const MessageScan& sc) {
+  // Sources that end at or before m: a prefix of the lanes, so their count is m's source.
+  if (m < sc.first) {
+    const int q = __popc(gpu::WarpBallot(sc.incl <= m));
+    return MessageRef{q, m - gpu::WarpShfl(sc.excl, q)};
+  }
   const int lane = threadIdx.x % 32;
-  int carry = 0;
-  for (int s0 = 0; s0 < R; s0 += 32) {
+  int carry = sc.first;
+  for (int s0 = 32; s0 < R; s0 += 32) {
     const int v = s0 + lane < R ? max(count(s0 + lane), 0) : 0;
     const int incl = WarpInclusiveScan(v);
     const int chunk = gpu::WarpShfl(incl, 31);
     if (m < carry + chunk) {
-      // Sources of this chunk that end at or before m: a prefix of the lanes, so their count is m's source.
       const int q = __popc(gpu::WarpBallot(carry + incl <= m));
       return MessageRef{s0 + q, m - carry - gpu::WarpShfl(incl - v, q)};
     }
