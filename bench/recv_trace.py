@@ -62,10 +62,11 @@ def timeline(buf, op, points):
         vs = sorted(((v - t0) / 1000, b) for b, v in enumerate(col[name]) if v >= t0)
         if vs:
             cells.append(f'{name} {statistics.median(v for v, _ in vs):.2f}/{vs[-1][0]:.2f}@{vs[-1][1]}')
-    # CTA 0 holds the first token / message, the last CTA the handle and the count check, and the CTA that stamped
-    # the launch's last point last (the launch's tail): their own timelines.
+    # CTA 0 holds the first token / message, the last CTA the handle and the count check, the one before it the
+    # metrics binning (BinningCta: both take the dispatch receive's table path), and the CTA that stamped the launch's
+    # last point last (the launch's tail): their own timelines.
     last = max(ran, key=lambda b: col[points[-1]][b])
-    for b in sorted({0, max(ran), last}):
+    for b in sorted({0, max(ran) - 1, max(ran), last} & ran):
         pts = ' '.join(f'{name} {(col[name][b] - t0) / 1000:.2f}' for name in points if col[name][b] >= t0)
         cells.append(f'[CTA {b}: {pts}]')
     return ', '.join(cells)
