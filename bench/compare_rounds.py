@@ -19,14 +19,23 @@ import sys
 DEFAULT_COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'graph16')
 
 
-def load_rounds(directory, variant):
-    """{round: {T: row}} of variant's files in directory."""
-    rounds = {}
+def variant_files(directory, variant):
+    """{round: path} of variant's files in directory: sbs_<variant>_<round>.json exactly, so variant `base` does not
+    take the files of a variant named `base_es`."""
+    files = {}
     for path in glob.glob(os.path.join(directory, f'sbs_{variant}_*.json')):
         m = re.fullmatch(rf'sbs_{re.escape(variant)}_(\d+)\.json', os.path.basename(path))
         if m:
-            with open(path) as f:
-                rounds[int(m.group(1))] = {r['T']: r for r in json.load(f)['rows']}
+            files[int(m.group(1))] = path
+    return files
+
+
+def load_rounds(directory, variant):
+    """{round: {T: row}} of variant's files in directory."""
+    rounds = {}
+    for n, path in variant_files(directory, variant).items():
+        with open(path) as f:
+            rounds[n] = {r['T']: r for r in json.load(f)['rows']}
     return rounds
 
 

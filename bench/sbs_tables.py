@@ -9,10 +9,10 @@
       per T the range over the files of llep / DeepEP per column, each ratio taken within one run (the README's
       table): kernels, hook send and receive, the paired eager round trip, one graph replay, graph16 (with both
       systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired).
-  sbs_tables.py settled FILE [FILE ...]
+  sbs_tables.py settled FILE [FILE ...]  |  sbs_tables.py settled --variant DIR VARIANT
       per T the settled hook receives (h_drs / h_crs: launched once every rank's send finished, the receive launch's
       own cost), both systems' µs ranges over the files and the range of llep / DeepEP taken within each run (the
-      "settled" figures of the README and bench/RESULTS.md).
+      "settled" figures of the README and bench/RESULTS.md). --variant takes VARIANT's files in DIR, as `ranges` does.
 """
 import argparse
 import json
@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_rounds import load_rounds  # noqa: E402  (bench/: the same files, the same naming)
+from compare_rounds import load_rounds, variant_files  # noqa: E402  (bench/: the same files, the same naming)
 
 RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_dra', 'h_drs', 'h_cs', 'h_cr', 'h_cra', 'h_crs', 'k_comb', 'graph16',
                  'eager', 'cpu_d', 'cpu_c')
@@ -110,9 +110,17 @@ def main(argv):
     a.add_argument('dir')
     a.add_argument('variants', nargs='+')
     a.add_argument('--columns', default=','.join(RANGE_COLUMNS))
-    for mode in ('ratios', 'settled'):
-        sub.add_parser(mode).add_argument('files', nargs='+')
+    sub.add_parser('ratios').add_argument('files', nargs='+')
+    st = sub.add_parser('settled')
+    st.add_argument('files', nargs='*')
+    st.add_argument('--variant', nargs=2, metavar=('DIR', 'VARIANT'))
     args = ap.parse_args(argv)
+    if args.mode == 'settled' and args.variant:
+        args.files = [path for _, path in sorted(variant_files(*args.variant).items())]
+        if not args.files:
+            raise SystemExit(f'sbs_tables: no sbs_{args.variant[1]}_<round>.json in {args.variant[0]}')
+    if args.mode == 'settled' and not args.files:
+        ap.error('settled: FILE ... or --variant DIR VARIANT')
     if args.mode == 'ranges':
         lines = ranges(args.dir, args.variants, args.columns.split(','))
     elif args.mode == 'ratios':

@@ -127,9 +127,7 @@ if [ "$duals" = 1 ]; then
   python3 bench/sbs_tables.py ranges "$LOGS" "${names[@]}" | tee "$LOGS/ranges.txt"
   for name in "${names[@]}"; do  # each variant's settled receives against the DeepEP of its own runs
     echo "settled receives, $name:"
-    own=()  # this variant's rounds only: sbs_base_*.json would also take those of a variant named base_es
-    for f in "$LOGS"/sbs_"$name"_*.json; do [[ "${f#"$LOGS"/sbs_"$name"_}" =~ ^[0-9]+\.json$ ]] && own+=("$f"); done
-    python3 bench/sbs_tables.py settled "${own[@]}" | tee -a "$LOGS/settled.txt"
+    python3 bench/sbs_tables.py settled --variant "$LOGS" "$name" | tee -a "$LOGS/settled.txt"
   done
 fi
 [ -f "$LOGS/sbs_dual.log" ] && sed -n '/^llep vs DeepEP/,$p' "$LOGS/sbs_dual.log"

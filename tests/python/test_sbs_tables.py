@@ -64,3 +64,15 @@ def test_settled_receives_both_systems_and_ratios_within_each_run(tmp_path):
     t1, t8 = _tables('settled', str(tmp_path / 'a.json'), str(tmp_path / 'b.json'))
     assert t1 == ['| 1', '10.00–11.00 / 16.00–20.00', '0.50–0.69', '10.00–11.00 / 16.00–20.00', '0.50–0.69 |']
     assert t8[0] == '| 8' and t8[1] == '20.00–22.00 / 32.00–40.00' and t8[2] == '0.50–0.69'
+
+
+def test_settled_variant_takes_its_own_rounds_only(tmp_path):
+    # base's rounds and those of a variant whose name base prefixes (base_es): --variant DIR base takes base's only.
+    _run_file(tmp_path / 'sbs_base_1.json', 1.0, 2.0)
+    _run_file(tmp_path / 'sbs_base_2.json', 1.1, 2.0)
+    _run_file(tmp_path / 'sbs_base_es_1.json', 3.0, 2.0)
+    t1, _ = _tables('settled', '--variant', str(tmp_path), 'base')
+    assert t1 == ['| 1', '10.00–11.00 / 20.00', '0.50–0.55', '10.00–11.00 / 20.00', '0.50–0.55 |']
+    r = subprocess.run([sys.executable, BENCH, 'settled', '--variant', str(tmp_path), 'gone'], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and 'gone' in r.stderr
