@@ -138,38 +138,56 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = gridDim.x;
   // Shared, indexed by block b = d * E_loc + le (destination-major: the home rank's receive area holds its blocks in
   // local-expert order): count and begin (row in the expert's packed block) from layout_range[le][d]; pos, the counts
-  // scanned, which places each row at its destination and also numbers the rows the warps copy; rows_to[d].
+  // scanned, which places each row at its destination and also numbers the rows the warps copy.
   int* warp_sums = reinterpret_cast<int*>(smem);
   int* cnt = warp_sums + kWarps;
   int* beg = cnt + E;
   int* pos = beg + E;
-  int* rows_to = pos + E;
   Trace(c, LlOp::kCombine, kTraceSendStart);
   uint8_t* const lane_peer = LanePeer(c);
 
-  for (int q = tid; q < E; q += kThreads) {
-    const int64_t v = p.layout_range[q];
-    const int64_t n = protocol::LayoutRangeCount(v), b = protocol::LayoutRangeBegin(v);
-    const bool ok = n <= T && b >= 0 && b + n <= rows;
-    const int le = L.ranks.Div(q), d = q - le * R;  // q = le * R + d: layout_range is [E_loc][R]
-    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, q);
-    const int blk = d * E_loc + le;
-    cnt[blk] = ok ? static_cast<int>(n) : 0;
-    beg[blk] = ok ? static_cast<int>(b) : 0;
-    pos[blk] = cnt[blk];
+  // The block plan, while the gate thread reads the call state: thread t loads block t's range (t + kThreads, ...
+  // beyond 512 blocks) and scans its count in registers, a warp scan and one barrier per kThreads blocks. It was the
+  // gate's critical path: a CTA-wide scan of the counts in shared memory (five barriers and a runtime division) ended
+  // the plan 0.8 us after the call state was read (recv_trace, bench/RESULTS.md session 53).
+  int pos_total = 0;
+#pragma unroll 1
+  for (int b0 = 0; b0 < E; b0 += kThreads) {
+    const int blk = b0 + tid;
+    int n = 0;
+    if (blk < E) {
+      const int d = L.local_experts.Div(blk), le = blk - d * E_loc;
+      const int q = le * R + d;  // layout_range is [E_loc][R]
+      const int64_t v = p.layout_range[q];
+      const int64_t count = protocol::LayoutRangeCount(v), b = protocol::LayoutRangeBegin(v);
+      const bool ok = count <= T && b >= 0 && b + count <= rows;
+      if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, q);
+      n = ok ? static_cast<int>(count) : 0;
+      cnt[blk] = n;
+      beg[blk] = ok ? static_cast<int>(b) : 0;
+    }
+    const int incl = WarpInclusiveScan(n);
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = pos_total;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int sum = warp_sums[w];
+      before += w < warp ? sum : 0;
+      pos_total += sum;
+    }
+    if (blk < E) pos[blk] = before + incl - n;
+    if (b0 + kThreads < E) __syncthreads();  // warp_sums is written again
   }
-  __syncthreads();
-  const int pos_total = BlockExclusiveScan(pos, E, warp_sums);  // (one scan instead of a serial loop per rank)
-  for (int d = tid; d < R; d += kThreads) {
-    const int n = (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc];
-    const bool ok = n <= L.combine_rows_per_src;  // more rows than the home rank's receive area holds: send none
-    if (!ok) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, n);
-    rows_to[d] = ok ? n : -1;
-  }
-  __syncthreads();
   Trace(c, LlOp::kCombine, kTracePlanned);
-  if ((seq = gate.Open()) == 0) return;
+  if ((seq = gate.Open()) == 0) return;  // its barrier publishes cnt, beg and pos
   const int half = protocol::HalfOfSeq(seq);
+  // Rows to destination d (its blocks are contiguous in pos order), or -1 where they are more than the home rank's
+  // receive area holds: none is sent (the publisher records why).
+  const auto rows_to = [&](int d) {
+    const int n = (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc];
+    return n <= L.combine_rows_per_src ? n : -1;
+  };
 
   // Row m in pos order: its block, destination, local expert, index in the block and source bytes. One definition for
   // both loops below; inlined, their machine code is that of the two written out (scripts/cuda_sass_diff.sh).
@@ -201,7 +219,8 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
     for (int q = warp * G + blockIdx.x; q < pos_total * kRowPieces; q += G * kWarps) {
       const auto [blk, d, le, i, src_row, src] = row_at(q / kRowPieces);
       uint8_t* const dst = PeerBase(c, lane_peer, d) + L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
-      const int64_t first = (q % kRowPieces) * piece, end = rows_to[d] < 0 ? 0 : min(row_bytes, first + piece);
+      const bool sent = rows_to(d) >= 0;
+      const int64_t first = (q % kRowPieces) * piece, end = sent ? min(row_bytes, first + piece) : 0;
       for (int64_t base = first; base < end; base += kCopyPassBytes) {
         const int pass = static_cast<int>(min(end - base, kCopyPassBytes));
         uint4 v[kCopyRegs];
@@ -209,14 +228,14 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
         StoreCopyPass(dst + base, pass, v);
       }
       gpu::WarpSync();
-      if (lane == 0 && rows_to[d] >= 0) {
+      if (lane == 0 && sent) {
         FenceBeforeCount(false);
         AddDone(c, LlOp::kCombine, half, d);
       }
     }
   }
   // Rows numbered in pos order (one scan before the gate, not a second one of the rows that are sent); the rows of
-  // a destination whose total was refused above are skipped (its signal says 0 rows, so none is counted). The skip
+  // a destination whose total is refused (rows_to) are skipped (its signal says 0 rows, so none is counted). The skip
   // is a zero byte count, not a branch around the body: a `continue` here made ptxas spill.
   for (int m = warp * G + blockIdx.x; m < (pieces ? 0 : pos_total); m += G * kWarps) {
     const auto [blk, d, le, i, src_row, src] = row_at(m);
@@ -224,7 +243,7 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
     uint8_t* const peer = PeerBase(c, lane_peer, d);
     // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
     uint8_t* dst = peer != nullptr ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
-    const int64_t bytes = rows_to[d] < 0 ? 0 : row_bytes;  // a refused destination: nothing sent, nothing counted
+    const int64_t bytes = rows_to(d) < 0 ? 0 : row_bytes;  // a refused destination: nothing sent, nothing counted
     for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
       const int pass = static_cast<int>(min(bytes - base, kCopyPassBytes));
       uint4 v[kCopyRegs];
@@ -258,7 +277,12 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   // CTA G-1-d publishes rank d's signal: the CTAs that hold this rank's tokens in the receive phase start at CTA 0,
   // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
   for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
-    const auto n = static_cast<uint32_t>(max(rows_to[d], 0));
+    const int rows_d = rows_to(d);
+    if (rows_d < 0) {
+      RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq,
+                  (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc]);
+    }
+    const auto n = static_cast<uint32_t>(max(rows_d, 0));
     PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, pieces ? n * kRowPieces : n, false);
   }
 }

@@ -78,7 +78,7 @@ int64_t DispatchSharedBytes(const protocol::LlShape& s) {
 }
 
 int64_t CombineSharedBytes(const protocol::LlShape& s) {
-  const int64_t send = int64_t{4} * (kWarps + 3 * int64_t{s.num_experts} + s.num_ranks);  // CombineSend: cnt, beg, pos
+  const int64_t send = int64_t{4} * (kWarps + 3 * int64_t{s.num_experts});  // CombineSend: warp sums, cnt, beg, pos
   const int64_t recv = CombineRecvPlansOffset(s) +
                        static_cast<int64_t>(kWarps * (sizeof(TokenPlan) + sizeof(CombineRecvPlan))) +
                        static_cast<int64_t>(sizeof(PlanScratch));

@@ -243,32 +243,6 @@ __device__ __forceinline__ int WarpInclusiveScan(int v) {
   return v;
 }
 
-/// In-place exclusive prefix sum of a[0..n) in shared memory by the whole CTA; returns the total.
-__device__ int BlockExclusiveScan(int* a, int n, int* warp_sums) {
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int per = (n + kThreads - 1) / kThreads;
-  const int lo = min(n, tid * per), hi = min(n, lo + per);
-  int s = 0;
-  for (int i = lo; i < hi; ++i) s += a[i];
-  const int x = WarpInclusiveScan(s);
-  if (lane == 31) warp_sums[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    const int w = WarpInclusiveScan(lane < kWarps ? warp_sums[lane] : 0);
-    if (lane < kWarps) warp_sums[lane] = w;
-  }
-  __syncthreads();
-  int base = (warp > 0 ? warp_sums[warp - 1] : 0) + x - s;
-  for (int i = lo; i < hi; ++i) {
-    const int v = a[i];
-    a[i] = base;
-    base += v;
-  }
-  const int total = warp_sums[kWarps - 1];
-  __syncthreads();
-  return total;
-}
-
 /// Last index q in [0, n) with starts[q] <= m (starts non-decreasing, starts[0] == 0): the non-empty block
 /// that holds flattened item m.
 __device__ __forceinline__ int FindBlock(const int* starts, int n, int m) {

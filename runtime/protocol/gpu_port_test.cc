@@ -74,7 +74,7 @@ TEST(Wave64Test, ButterflySumIsPerHalf) {
   for (int l = 0; l < kWave; ++l) EXPECT_EQ(v[l], sum[l / 32]) << l;
 }
 
-// BlockExclusiveScan's warp step (ll_routing.cuh): y = WarpShflUp(x, o); if (lane >= o) x += y.
+// WarpInclusiveScan's step (ll_routing.cuh): y = WarpShflUp(x, o); if (lane >= o) x += y.
 TEST(Wave64Test, ShiftUpScanIsPerHalf) {
   std::mt19937 rng(3);
   Lanes<int> x{}, in{};
