@@ -182,10 +182,11 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   Trace(c, LlOp::kCombine, kTracePlanned);
   if ((seq = gate.Open()) == 0) return;  // its barrier publishes cnt, beg and pos
   const int half = protocol::HalfOfSeq(seq);
-  // Rows to destination d (its blocks are contiguous in pos order), or -1 where they are more than the home rank's
-  // receive area holds: none is sent (the publisher records why).
+  // Rows to destination d (its blocks are contiguous in pos order); rows_to: -1 where they are more than the home
+  // rank's receive area holds, and none is sent (the publisher records why).
+  const auto rows_for = [&](int d) { return (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc]; };
   const auto rows_to = [&](int d) {
-    const int n = (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc];
+    const int n = rows_for(d);
     return n <= L.combine_rows_per_src ? n : -1;
   };
 
@@ -278,10 +279,7 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
   for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
     const int rows_d = rows_to(d);
-    if (rows_d < 0) {
-      RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq,
-                  (d + 1 < R ? pos[(d + 1) * E_loc] : pos_total) - pos[d * E_loc]);
-    }
+    if (rows_d < 0) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, rows_for(d));
     const auto n = static_cast<uint32_t>(max(rows_d, 0));
     PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, pieces ? n * kRowPieces : n, false);
   }
