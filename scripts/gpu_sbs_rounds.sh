@@ -28,6 +28,8 @@
 #                        `sbs_tables.py ratios $OUT/sbs_new_*.json` makes README's table
 #   LLEP_SBS_DUAL_ENV    VAR=VALUE pairs (space-separated) for that run, e.g. LLEP_SBS_EXPERT_SIDE=1
 #   LLEP_SBS_BUDGET_S    no run starts after this many seconds (default 540: the device's 10-minute command limit)
+#   LLEP_SBS_EAGER=1     also every variant under CUDA_MODULE_LOADING=EAGER, as NAME_e: a second code placement
+#                        (bench/RESULTS.md session 53), compared against the first variant like the others
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -47,6 +49,14 @@ for spec in "$@"; do
   [ "$tree" = new ] || [ -d "$tree" ] || { echo "gpu_sbs_rounds: no tree '$tree' (carry it)" >&2; exit 2; }
   names+=("$name") trees+=("$tree") envs+=("${env_part//:/ }")
 done
+# A second code placement of every variant (kernels/SMALL_T_CODE.md: a byte-identical kernel can move 10-18 % with
+# where the driver loads the code): NAME_e, the same tree under eager module loading.
+if [ "${LLEP_SBS_EAGER:-0}" = 1 ]; then
+  n=${#names[@]}
+  for ((i = 0; i < n; i++)); do
+    names+=("${names[$i]}_e") trees+=("${trees[$i]}") envs+=("${envs[$i]:+${envs[$i]} }CUDA_MODULE_LOADING=EAGER")
+  done
+fi
 
 # Builds: the working tree once, each other tree once, all in parallel (DeepEP beside them when asked).
 start_llep_build "$LOGS/build_new.log"
