@@ -1,12 +1,15 @@
 // Probe: what a first access to a line of a kernel's parameter block costs (constant bank, per SM), and whether a
 // line touched by another warp of the CTA first is then a hit. One CTA per SM; thread 0 of warp 0 times a dependent
-// chain of LDCs with clock64. Run: nvcc -O3 -arch=sm_90a -o /tmp/const_probe bench/experiments/const_probe.cu &&
+// chain of LDCs with clock64. Run: nvcc -O3 -arch=sm_90a -I. -o /tmp/const_probe bench/experiments/const_probe.cu &&
 // /tmp/const_probe (one GPU, seconds). Session 53 on H200: ~86 cycles per load in every case, first read or not
 // (bench/RESULTS.md session 53, call 1).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <vector>
+
+#include "bench/experiments/probe_check.h"
 struct P {
   uint32_t w[256];
   int zero;
@@ -44,24 +47,27 @@ __global__ void probe(const __grid_constant__ P p, long long* out) {
 }
 int main() {
   int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  long long* d;
-  cudaMalloc(&d, sizeof(long long) * 40 * 200 + 8192);
-  long long* h = new long long[40 * 200];
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (sms > 200) sms = 200;  // out holds 40 words per CTA for 200 CTAs
+  long long* d = nullptr;
+  CK(cudaMalloc(&d, sizeof(long long) * 40 * 200 + 8192));
+  std::vector<long long> h(40 * 200);
   P p{};
   for (int i = 0; i < 256; ++i) p.w[i] = i;
   for (int pre = 0; pre < 2; ++pre) {
     p.pretouch = pre;
     for (int rep = 0; rep < 4; ++rep) {
       probe<<<sms, 64>>>(p, d);
-      cudaDeviceSynchronize();
+      CK(cudaGetLastError());
+      CK(cudaDeviceSynchronize());
     }
-    cudaMemcpy(h, d, sizeof(long long) * 40 * sms, cudaMemcpyDeviceToHost);
+    CK(cudaMemcpy(h.data(), d, sizeof(long long) * 40 * sms, cudaMemcpyDeviceToHost));
     printf("pretouch=%d (cycles per dependent LDC; line order 0 0 1..15 | 0..15 15), CTA 0 / CTA %d:\n", pre, sms / 2);
     for (int b : {0, sms / 2}) {
       for (int k = 0; k < 34; ++k) printf("%lld ", h[b * 40 + k]);
       printf("\n");
     }
   }
-  printf("err: %s\n", cudaGetErrorString(cudaGetLastError()));
+  CK(cudaFree(d));
+  return 0;
 }
