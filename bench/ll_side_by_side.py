@@ -34,6 +34,12 @@ reported. Before timing, both systems pass a correctness gate at that T (BF16 di
 combine must return sum_k w[t, k] * x[t] over the valid slots; recv_count must equal the routed counts), so a
 broken kernel cannot produce a fast number.
 
+Placement: where the buffers and outputs land in device memory moves a small-T launch with its code unchanged
+(bench/RESULTS.md session 54: the settled dispatch receive at T = 8 / 32 0.93-0.95x / 1.02-1.11x of its time with 2-20
+MiB held before the buffers, one rank), and one process measures one placement. LLEP_PLACEMENT_PAD_MB=N holds N MiB of device memory from before the
+buffers on (both systems' allocations move; recorded in the JSON as placement_pad_mb), so runs can sample placements
+(scripts/gpu_sbs_rounds.sh's LLEP_SBS_PLACEMENTS: one per round).
+
 --expert-side (or LLEP_SBS_EXPERT_SIDE=1): llep's dispatch carries combine_weights, so its combine is reduced at the
 expert side (kernels/EXPERT_SIDE_COMBINE.md); DeepEP's calls are unchanged.
 
@@ -303,6 +309,11 @@ def _max_over_ranks(v):
     return max(_every_rank(v))
 
 
+def _placement_pad_mb():
+    """MiB of device memory held from before the buffers on (LLEP_PLACEMENT_PAD_MB, module doc)."""
+    return int(os.environ.get('LLEP_PLACEMENT_PAD_MB', '0'))
+
+
 def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
     faulthandler.dump_traceback_later(float(os.environ.get('LLEP_BENCH_WATCHDOG_S', '500')), exit=True)
     ngpu = torch.cuda.device_count()
@@ -310,6 +321,8 @@ def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
     dev = torch.device('cuda', rank % ngpu)
     init_gloo(rank, R, port, 300)
     group = dist.group.WORLD
+    # The placement (module doc): memory held from before the buffers on, so every later allocation lands elsewhere.
+    placement_pad = torch.empty(_placement_pad_mb() << 20, dtype=torch.uint8, device=dev)
     T_top = max(buffer_tokens(T, R) for T in Ts)
     rows = {T: {'T': T, 'T_max': buffer_tokens(T, R), 'deepep_refuses_T': buffer_tokens(T, R) != T} for T in Ts}
     notes = {}
@@ -359,6 +372,7 @@ def _worker(rank, R, port, Ts, iters, systems, json_path, expert_side):
     for sysm in objs.values():
         sysm.buf.destroy()
     torch.cuda.synchronize()
+    del placement_pad  # held until here
     dist.destroy_process_group()
 
 
@@ -396,7 +410,7 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
         return
     with open(json_path, 'w') as f:
         json.dump({'ranks': R, 'gpus': ngpu, 'gpu': gpu, 'shared_gpus': shared, 'hidden': H, 'experts': E,
-                   'topk': K, 'iters': iters, 'notes': notes, 'rows': rows,
+                   'topk': K, 'iters': iters, 'notes': notes, 'rows': rows, 'placement_pad_mb': _placement_pad_mb(),
                    'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
     from plot_axes import new_axes  # bench/, the script's own folder (on sys.path when run as a script)
     axes = new_axes()

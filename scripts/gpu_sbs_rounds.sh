@@ -30,6 +30,11 @@
 #   LLEP_SBS_BUDGET_S    no run starts after this many seconds (default 540: the device's 10-minute command limit)
 #   LLEP_SBS_EAGER=1     also every variant under CUDA_MODULE_LOADING=EAGER, as NAME_e: a second code placement
 #                        (bench/RESULTS.md session 53), compared against the first variant like the others
+#   LLEP_SBS_PLACEMENTS  MiB of device memory held before the buffers, one per round in turn (e.g. "0 2 4 6";
+#                        LLEP_PLACEMENT_PAD_MB of bench/ll_side_by_side.py): every variant of a round runs at the same
+#                        placement and each round at another, so the rounds sample where the data lands, which moves
+#                        a small-T launch with its code unchanged (bench/RESULTS.md session 54). A variant's own
+#                        LLEP_PLACEMENT_PAD_MB wins
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -107,16 +112,18 @@ if [ "$duals" = 1 ]; then
   step "DeepEP built"
 fi
 run_s() { local l; l=$(left); echo $((l < ${LLEP_SBS_TIMEOUT:-300} ? l : ${LLEP_SBS_TIMEOUT:-300})); }
+read -ra placements <<< "${LLEP_SBS_PLACEMENTS:-0}"
 for round in $(seq 1 "${LLEP_ROUNDS:-3}"); do
+  placement="LLEP_PLACEMENT_PAD_MB=${placements[$(((round - 1) % ${#placements[@]}))]}"
   order=("${!names[@]}")  # odd rounds in the given order, even rounds reversed (a, b, b, a, a, b): neither variant
   [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "${order[@]}" | tac)  # always first or after one
   for i in "${order[@]}"; do
     [ "$(left)" -gt 45 ] || { step "budget spent: round $round not finished"; break 2; }
     # shellcheck disable=SC2086
-    env ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")$deepep_pp" timeout "$(run_s)" \
+    env "$placement" ${envs[$i]} PYTHONPATH="$(pkg_of "${trees[$i]}")$deepep_pp" timeout "$(run_s)" \
       python3 bench/ll_side_by_side.py --systems "$systems" --json "$LOGS/sbs_${names[$i]}_$round.json" $args \
       > "$LOGS/sbs_${names[$i]}_$round.log" 2>&1
-    step "${names[$i]} round $round rc=$?"
+    step "${names[$i]} round $round ($placement) rc=$?"
     rm -f "$LOGS/sbs_${names[$i]}_$round.png"
     [ "$duals" = 1 ] && cp "$LOGS/sbs_${names[$i]}_$round.json" "$OUTDIR/" 2>/dev/null
   done
