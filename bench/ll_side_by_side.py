@@ -218,27 +218,42 @@ def _calls(sysm, inputs, T_max):
     return (lambda: sysm.dispatch(x, topk, w, T_max)[2], lambda hd: sysm.combine(y, topk, w, hd, out=out))
 
 
+def _hook_round(sysm, inputs, T_max, spin=0, wait_all=False):
+    """One hook-mode round trip: dispatch send, its receive, combine send, its receive (four launches). spin: GPU
+    cycles between each send and its receive; wait_all: every rank's send finished before each receive (settle)."""
+    x, topk, w, y, out = inputs
+    _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
+    if spin:
+        torch.cuda._sleep(spin)
+    if wait_all:
+        settle()
+    hook()
+    _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
+    if spin:
+        torch.cuda._sleep(spin)
+    if wait_all:
+        settle()
+    chook()
+
+
+def _settled_receives(sysm, inputs, T_max, iters):
+    """h_drs / h_crs (module doc): each receive launched once every rank's send finished (a synchronise and a barrier
+    between), so no rank waits for another: the launch's own cost, medians of iters. In the queued loops (h_dr, h_dra)
+    the ranks drift apart by the loop's slack, so the fastest rank's receives wait for a peer's send however long the
+    spin (RESULTS s44)."""
+    ks = kernel_times(lambda: _hook_round(sysm, inputs, T_max, wait_all=True), iters, settle)
+    return statistics.median(ks['dispatch'][1::2]), statistics.median(ks['combine'][1::2])
+
+
 def _measure(sysm, rank, R, T, T_max, dev, iters):
     inputs = _round_trip_inputs(rank, R, T, T_max, dev)
-    x, topk, w, y, out = inputs
     d, c = _calls(sysm, inputs, T_max)
 
     def plain():
         c(d())
 
-    def hooked(spin=0, wait_all=False):
-        _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
-        if spin:
-            torch.cuda._sleep(spin)
-        if wait_all:
-            settle()
-        hook()
-        _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
-        if spin:
-            torch.cuda._sleep(spin)
-        if wait_all:
-            settle()
-        chook()
+    def hooked(spin=0):
+        _hook_round(sysm, inputs, T_max, spin)
 
     for _ in range(20):
         plain()
@@ -253,11 +268,7 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     r['h_cs'], r['h_cr'] = med(kh['combine'][0::2]), med(kh['combine'][1::2])
     ka = _kernel_times(lambda: hooked(ARRIVAL_SPIN_CYCLES), iters)
     r['h_dra'], r['h_cra'] = med(ka['dispatch'][1::2]), med(ka['combine'][1::2])
-    # h_drs / h_crs: each receive launched once every rank's send finished (a synchronise and a barrier between), so
-    # no rank waits for another: the launch's own cost. In the queued loops above (h_dr, h_dra) the ranks drift apart
-    # by the loop's slack, so the fastest rank's receives wait for a peer's send however long the spin (RESULTS s44).
-    ks = kernel_times(lambda: hooked(wait_all=True), iters, settle)
-    r['h_drs'], r['h_crs'] = med(ks['dispatch'][1::2]), med(ks['combine'][1::2])
+    r['h_drs'], r['h_crs'] = _settled_receives(sysm, inputs, T_max, iters)
     r['eager'] = _eager_times(plain, iters)
     r['graph'] = _graph_time(plain, 1, iters)
     r['graph16'] = _graph_time(plain, GRAPH_ROUND_TRIPS, iters) / GRAPH_ROUND_TRIPS
