@@ -109,14 +109,16 @@ def _spread(v):
 
 
 def _summary(rows, Ts, systems):
-    print(f'\nsettled receives over {len(rows)} placements: median [min, max], µs (ratio: llep / DeepEP per placement)')
+    both = len(systems) == 2
+    print(f'\nsettled receives over {len(rows)} placements: median [min, max], µs' +
+          (' (ratio: llep / DeepEP per placement)' if both else ''))
     for T in Ts:
         for col in ('h_drs', 'h_crs'):
             parts = []
             for name in systems:
                 v = [r[f'{name}_{col}_T{T}'] for r in rows]
                 parts.append(f'{name} {_spread(v)}')
-            if len(systems) == 2:
+            if both:
                 parts.append(f'ratio {_spread([r[f"llep_{col}_T{T}"] / r[f"deepep_{col}_T{T}"] for r in rows])}')
             print(f'  T={T:<4} {col}: ' + ', '.join(parts))
 

@@ -1,0 +1,74 @@
+"""bench/placement_sweep.py and the hook round it shares with bench/ll_side_by_side.py, on CPU with a fake system:
+a hook round is dispatch send, its receive, combine send, its receive, with every rank's send finished before each
+receive when asked (the settled receives); the sweep's summary takes each placement's own ratio, not a ratio of
+medians."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'bench'))
+import ll_side_by_side as sbs  # noqa: E402
+import placement_sweep as ps  # noqa: E402
+
+
+class _HookSystem:
+    """ll_side_by_side._System's two calls with return_recv_hook=True, recording each launch and settle()."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def dispatch(self, x, topk, w, T_max, **kw):
+        assert kw == {'return_recv_hook': True}
+        self.log.append('dispatch send')
+        return None, None, 'handle', None, lambda: self.log.append('dispatch recv')
+
+    def combine(self, y, topk, w, handle, **kw):
+        assert handle == 'handle' and kw['return_recv_hook'] and kw['out'] is not None
+        self.log.append('combine send')
+        return None, None, lambda: self.log.append('combine recv')
+
+
+def test_hook_round_launches_in_order_and_settles_before_each_receive_when_asked(monkeypatch):
+    log = []
+    monkeypatch.setattr(sbs, 'settle', lambda: log.append('settle'))
+    monkeypatch.setattr(torch.cuda, '_sleep', lambda cycles: log.append(f'spin {cycles}'))
+    inputs = (None, None, None, None, torch.empty(1))
+    sbs._hook_round(_HookSystem(log), inputs, 4)
+    assert log == ['dispatch send', 'dispatch recv', 'combine send', 'combine recv']
+    log.clear()
+    sbs._hook_round(_HookSystem(log), inputs, 4, wait_all=True)
+    assert log == ['dispatch send', 'settle', 'dispatch recv', 'combine send', 'settle', 'combine recv']
+    log.clear()
+    sbs._hook_round(_HookSystem(log), inputs, 4, spin=7)
+    assert log == ['dispatch send', 'spin 7', 'dispatch recv', 'combine send', 'spin 7', 'combine recv']
+
+
+def test_settled_receives_take_every_second_launch_of_each_op(monkeypatch):
+    """kernel_times lists each op's launches in order: send, receive, send, receive ...: the receives are [1::2]."""
+    seen = {}
+
+    def fake_kernel_times(fn, iters, ahead):
+        seen['iters'], seen['ahead'] = iters, ahead
+        return {'dispatch': [9.0, 1.0, 9.0, 2.0, 9.0, 3.0], 'combine': [8.0, 5.0, 8.0, 4.0, 8.0, 6.0]}
+
+    monkeypatch.setattr(sbs, 'kernel_times', fake_kernel_times)
+    assert sbs._settled_receives(None, None, 4, 3) == (2.0, 5.0)
+    assert seen == {'iters': 3, 'ahead': sbs.settle}
+
+
+def test_summary_takes_each_placements_ratio(capsys):
+    # llep slow at one placement of three, DeepEP at another: the ratio's spread is per placement.
+    rows = [{'pad_mb': 0, 'llep_h_drs_T8': 5.0, 'deepep_h_drs_T8': 4.0, 'llep_h_crs_T8': 5.0, 'deepep_h_crs_T8': 6.0},
+            {'pad_mb': 2, 'llep_h_drs_T8': 4.0, 'deepep_h_drs_T8': 4.0, 'llep_h_crs_T8': 5.0, 'deepep_h_crs_T8': 6.0},
+            {'pad_mb': 4, 'llep_h_drs_T8': 4.0, 'deepep_h_drs_T8': 5.0, 'llep_h_crs_T8': 5.0, 'deepep_h_crs_T8': 6.0}]
+    ps._summary(rows, [8], ['llep', 'deepep'])
+    out = capsys.readouterr().out
+    assert 'over 3 placements' in out
+    assert 'h_drs: llep  4.00 [ 4.00,  5.00], deepep  4.00 [ 4.00,  5.00], ratio  1.00 [ 0.80,  1.25]' in out
+    assert 'h_crs: llep  5.00 [ 5.00,  5.00], deepep  6.00 [ 6.00,  6.00], ratio  0.83 [ 0.83,  0.83]' in out
+    assert ps._row_line(rows[0], [8]) == 'pad    0 MiB | T=8 drs  5.00/ 4.00 1.25 crs  5.00/ 6.00 0.83'
+    one = [{k: v for k, v in r.items() if not k.startswith('deepep')} for r in rows]
+    ps._summary(one, [8], ['llep'])
+    out = capsys.readouterr().out
+    assert 'h_drs: llep  4.00 [ 4.00,  5.00]\n' in out and 'ratio' not in out
