@@ -36,9 +36,10 @@ broken kernel cannot produce a fast number.
 
 Placement: where the buffers and outputs land in device memory moves a small-T launch with its code unchanged
 (bench/RESULTS.md session 54: the settled dispatch receive at T = 8 / 32 0.93-0.95x / 1.02-1.11x of its time with 2-20
-MiB held before the buffers, one rank), and one process measures one placement. LLEP_PLACEMENT_PAD_MB=N holds N MiB of device memory from before the
-buffers on (both systems' allocations move; recorded in the JSON as placement_pad_mb), so runs can sample placements
-(scripts/gpu_sbs_rounds.sh's LLEP_SBS_PLACEMENTS: one per round).
+MiB held before the buffers, one rank), and one process measures one placement. LLEP_PLACEMENT_PAD_MB=N holds N MiB
+of device memory from before the buffers on (both systems' allocations move; recorded in the JSON as
+placement_pad_mb), so runs can sample placements (scripts/gpu_sbs_rounds.sh's LLEP_SBS_PLACEMENTS: one per round;
+bench/placement_sweep.py: many in one process).
 
 --expert-side (or LLEP_SBS_EXPERT_SIDE=1): llep's dispatch carries combine_weights, so its combine is reduced at the
 expert side (kernels/EXPERT_SIDE_COMBINE.md); DeepEP's calls are unchanged.
