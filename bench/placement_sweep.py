@@ -8,15 +8,18 @@ level at the other three (bench/RESULTS.md session 54). One process of bench/ll_
 placement; this script measures many in one process, so a placement-sensitive kernel shows as a spread, and a change
 can be judged on the distribution rather than on one draw.
 
-Per placement P (MiB, --pads): torch's cached blocks are released, P MiB are held, a new llep Buffer is made (its
-regions, then its outputs, land after the held memory), both receives are timed at each T (medians of --iters, max
-over ranks), then the buffer is destroyed. DeepEP's Buffer is made once, before the sweep (NVSHMEM is not set up twice
-in one process): only its per-call outputs move with the placement, its buffer does not — so DeepEP's spread here
-is a lower bound of its own. Before the sweep each system passes ll_side_by_side.py's correctness gate at each T.
+Per placement P (MiB, --pads): torch's cached blocks are released, P MiB are held, and what --move names is made
+anew after them; both receives are timed at each T (medians of --iters, max over ranks). --move all (default): a new
+llep Buffer per placement (its regions, then its outputs and the inputs, land after the held memory), destroyed after.
+--move outputs: llep's Buffer is made once and only its outputs (its output pool emptied) and the inputs move — as
+DeepEP's in both modes: DeepEP's Buffer is made once, before the sweep (NVSHMEM is not set up twice in one process),
+so only its per-call outputs and the inputs move, and its spread here is a lower bound of its own. `--move outputs`
+thus compares the two on equal terms; `--move all` adds llep's regions. Before the sweep each system passes
+ll_side_by_side.py's correctness gate at each T.
 
 Usage (one GPU per rank; the visible GPUs by default):
     PYTHONPATH=build-gpu/python[:deepep] python3 bench/placement_sweep.py [--tokens 1 8 32] [--pads 0 2 4 ...]
-        [--systems llep,deepep] [--iters 50] [--json PATH]
+        [--systems llep,deepep] [--move all|outputs] [--iters 50] [--json PATH]
 Output: a row per placement (llep / DeepEP µs and their ratio per T), then per T the median, minimum and maximum over
 the placements of each system and of the ratio."""
 import argparse
@@ -49,7 +52,7 @@ def _timed(sysm, rank, R, T, T_max, dev, iters):
     return _max_over_ranks(drs), _max_over_ranks(crs)
 
 
-def _worker(rank, R, port, Ts, pads, iters, systems, json_path):
+def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path):
     ngpu = torch.cuda.device_count()
     torch.cuda.set_device(rank % ngpu)
     dev = torch.device('cuda', rank % ngpu)
@@ -57,12 +60,15 @@ def _worker(rank, R, port, Ts, pads, iters, systems, json_path):
     group = dist.group.WORLD
     T_top = max(buffer_tokens(T, R) for T in Ts)
     deepep = _System('deepep', group, R, T_top) if 'deepep' in systems else None
+    fixed = _System('llep', group, R, T_top) if 'llep' in systems and move == 'outputs' else None
     rows = []
     for i, pad in enumerate(pads):
+        if fixed is not None:
+            fixed.buf._clear_pools()  # its pooled outputs go: the next calls make them anew, after the held memory
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # torch's cached segments released: what follows is allocated anew
         held = torch.empty(pad << 20, dtype=torch.uint8, device=dev)
-        llep = _System('llep', group, R, T_top) if 'llep' in systems else None
+        llep = fixed if fixed is not None else _System('llep', group, R, T_top) if 'llep' in systems else None
         row = {'pad_mb': pad}
         for T in Ts:
             T_max = buffer_tokens(T, R)
@@ -73,14 +79,15 @@ def _worker(rank, R, port, Ts, pads, iters, systems, json_path):
                     sysm.buf.clean_low_latency_buffer(T_max, H, E)
                     _gate(sysm, rank, R, T, T_max, dev)
                 row[f'{name}_h_drs_T{T}'], row[f'{name}_h_crs_T{T}'] = _timed(sysm, rank, R, T, T_max, dev, iters)
-        if llep is not None:
+        if llep is not None and llep is not fixed:
             llep.buf.destroy()
         del llep, held
         rows.append(row)
         if rank == 0:
             print(_row_line(row, Ts), flush=True)
-    if deepep is not None:
-        deepep.buf.destroy()
+    for sysm in (fixed, deepep):
+        if sysm is not None:
+            sysm.buf.destroy()
     torch.cuda.synchronize()
     dist.destroy_process_group()
     if rank == 0:
@@ -88,7 +95,7 @@ def _worker(rank, R, port, Ts, pads, iters, systems, json_path):
         if json_path:
             with open(json_path, 'w') as f:
                 json.dump({'ranks': R, 'gpus': ngpu, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H,
-                           'experts': E, 'iters': iters, 'systems': systems, 'rows': rows,
+                           'experts': E, 'iters': iters, 'systems': systems, 'move': move, 'rows': rows,
                            'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
 
 
@@ -128,7 +135,10 @@ def main():
     ap.add_argument('--ranks', type=int, default=0, help='ranks (default: the visible GPUs, at most 8)')
     ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32])
     ap.add_argument('--pads', type=int, nargs='*', default=list(range(0, 32, 2)),
-                    help='MiB held before each placement\'s llep buffer (default 0, 2, ..., 30)')
+                    help='MiB held at each placement, before what --move makes anew (default 0, 2, ..., 30)')
+    ap.add_argument('--move', choices=('all', 'outputs'), default='all',
+                    help="what each placement makes anew: llep's Buffer and everything after it, or only the outputs "
+                         "and inputs (llep's Buffer made once, as DeepEP's always is)")
     ap.add_argument('--iters', type=int, default=50)
     ap.add_argument('--systems', default='llep,deepep', help='comma-separated subset of llep,deepep')
     ap.add_argument('--json', default='')
@@ -146,8 +156,8 @@ def main():
     os.environ.setdefault('NCCL_NVLS_ENABLE', '0')
     os.environ.setdefault('TORCH_SYMM_MEM_DISABLE_MULTICAST', '1')
     os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
-    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.pads, args.iters, systems, args.json), nprocs=R,
-             join=True)
+    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.pads, args.iters, systems, args.move, args.json),
+             nprocs=R, join=True)
     return 0
 
 
