@@ -6,7 +6,8 @@ against a reference variant, round by round, so the spread of this machine shows
 
 DIR holds sbs_<variant>_<round>.json. For each VARIANT and T it prints variant / REF per round ("0.79 / 0.87 / 0.81")
 for every column, then the variant's and REF's medians over the rounds in µs. Rounds missing either file are skipped.
-One round is the plain before / after of two runs (it replaced compare_side_by_side.py).
+One round is the plain before / after of two runs (it replaced compare_side_by_side.py). Rounds run at different
+data placements (gpu_sbs_rounds.sh's LLEP_SBS_PLACEMENTS) are labelled with the MiB held before the buffers.
 """
 import argparse
 import glob
@@ -39,11 +40,27 @@ def load_rounds(directory, variant):
     return rounds
 
 
-def table(ref_name, ref, name, var, columns):
+def load_placements(directory, variant):
+    """{round: MiB held before the buffers} of variant's files (ll_side_by_side.py's placement_pad_mb; files before
+    it have none)."""
+    out = {}
+    for n, path in variant_files(directory, variant).items():
+        with open(path) as f:
+            pad = json.load(f).get('placement_pad_mb')
+        if pad is not None:
+            out[n] = pad
+    return out
+
+
+def table(ref_name, ref, name, var, columns, placements=None):
+    """placements: {round: MiB} of the rounds (LLEP_SBS_PLACEMENTS), named beside each round when any is not 0."""
     rounds = sorted(set(ref) & set(var))
     if not rounds:
         return [f'{name} / {ref_name}: no round has both files']
-    lines = [f'{name} / {ref_name}, rounds {", ".join(map(str, rounds))} (cells: ratio per round)',
+    placements = placements or {}
+    shown = any(placements.get(r, 0) for r in rounds)
+    labels = [f'{r} ({placements[r]} MiB)' if shown and r in placements else str(r) for r in rounds]
+    lines = [f'{name} / {ref_name}, rounds {", ".join(labels)} (cells: ratio per round)',
              '| T | ' + ' | '.join(columns) + ' |', '|---' * (len(columns) + 1) + '|']
     tokens = sorted(set.intersection(*(set(ref[r]) & set(var[r]) for r in rounds)))
     for t in tokens:
@@ -79,7 +96,8 @@ def main(argv):
         print(f'compare_rounds: no sbs_{args.ref}_<round>.json in {args.directory}', file=sys.stderr)
         return 2
     for name in args.variants:
-        print('\n'.join(table(args.ref, ref, name, load_rounds(args.directory, name), columns)))
+        print('\n'.join(table(args.ref, ref, name, load_rounds(args.directory, name), columns,
+                               load_placements(args.directory, args.ref))))
         print()
     return 0
 
