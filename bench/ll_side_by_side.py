@@ -482,17 +482,28 @@ def main():
     if not torch.cuda.is_available():
         print('ll_side_by_side: no CUDA device')
         return 1
-    systems = [s for s in args.systems.split(',') if s]
+    systems = parse_systems(ap, args.systems)
+    spawn_ranks(_worker, args.ranks, lambda R: (args.tokens, args.iters, systems, args.json, args.expert_side))
+    return 0
+
+
+def parse_systems(ap, text):
+    """--systems: a non-empty comma-separated subset of SYSTEMS, in the given order (ap.error otherwise)."""
+    systems = [s for s in text.split(',') if s]
     bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        ap.error(f'unknown systems {bad}')
-    R = args.ranks or min(torch.cuda.device_count(), 8)
+    if bad or not systems:
+        ap.error(f'--systems: a comma-separated subset of {",".join(SYSTEMS)}, got {text!r}')
+    return systems
+
+
+def spawn_ranks(worker, ranks, worker_args):
+    """worker(rank, R, port, *worker_args(R)) in one process per rank (ranks, default: the visible GPUs, at most 8),
+    NVLink multicast kept off in NCCL, torch and NVSHMEM."""
+    R = ranks or min(torch.cuda.device_count(), 8)
     os.environ.setdefault('NCCL_NVLS_ENABLE', '0')
     os.environ.setdefault('TORCH_SYMM_MEM_DISABLE_MULTICAST', '1')
     os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
-    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.iters, systems, args.json, args.expert_side), nprocs=R,
-             join=True)
-    return 0
+    mp.spawn(worker, args=(R, free_port(), *worker_args(R)), nprocs=R, join=True)
 
 
 if __name__ == '__main__':

@@ -31,12 +31,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ll_side_by_side import (E, H, SYSTEMS, _gate, _hook_round, _max_over_ranks, _round_trip_inputs,  # noqa: E402
-                             _settled_receives, _System)
-from local_group import buffer_tokens, free_port, init_gloo  # noqa: E402  (bench/local_group.py)
+from ll_side_by_side import (E, H, _gate, _hook_round, _max_over_ranks, _round_trip_inputs,  # noqa: E402
+                             _settled_receives, _System, parse_systems, spawn_ranks)
+from local_group import buffer_tokens, init_gloo  # noqa: E402  (bench/local_group.py)
 
 WARM_ROUNDS = 20
 
@@ -146,18 +145,10 @@ def main():
     if not torch.cuda.is_available():
         print('placement_sweep: no CUDA device')
         return 1
-    systems = [s for s in args.systems.split(',') if s]
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad or not systems:
-        ap.error(f'unknown or no systems: {args.systems}')
+    systems = parse_systems(ap, args.systems)
     if any(p < 0 for p in args.pads) or not args.pads:
         ap.error('--pads: one or more sizes >= 0 (MiB)')
-    R = args.ranks or min(torch.cuda.device_count(), 8)
-    os.environ.setdefault('NCCL_NVLS_ENABLE', '0')
-    os.environ.setdefault('TORCH_SYMM_MEM_DISABLE_MULTICAST', '1')
-    os.environ.setdefault('NVSHMEM_DISABLE_NVLS', '1')
-    mp.spawn(_worker, args=(R, free_port(), args.tokens, args.pads, args.iters, systems, args.move, args.json),
-             nprocs=R, join=True)
+    spawn_ranks(_worker, args.ranks, lambda R: (args.tokens, args.pads, args.iters, systems, args.move, args.json))
     return 0
 
 

@@ -2,9 +2,11 @@
 a hook round is dispatch send, its receive, combine send, its receive, with every rank's send finished before each
 receive when asked (the settled receives); the sweep's summary takes each placement's own ratio, not a ratio of
 medians."""
+import argparse
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'bench'))
@@ -72,3 +74,12 @@ def test_summary_takes_each_placements_ratio(capsys):
     ps._summary(one, [8], ['llep'])
     out = capsys.readouterr().out
     assert 'h_drs: llep  4.00 [ 4.00,  5.00]\n' in out and 'ratio' not in out
+
+
+def test_systems_argument_keeps_order_and_refuses_unknown_or_none():
+    ap = argparse.ArgumentParser()
+    assert sbs.parse_systems(ap, 'deepep,llep') == ['deepep', 'llep']
+    assert sbs.parse_systems(ap, 'llep,') == ['llep']
+    for bad in ('llep,nccl', ',', ''):
+        with pytest.raises(SystemExit):
+            sbs.parse_systems(ap, bad)
