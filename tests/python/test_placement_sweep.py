@@ -83,3 +83,83 @@ def test_systems_argument_keeps_order_and_refuses_unknown_or_none():
     for bad in ('llep,nccl', ',', ''):
         with pytest.raises(SystemExit):
             sbs.parse_systems(ap, bad)
+
+
+class _FakeBuf:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def clean_low_latency_buffer(self, T_max, hidden, num_experts):
+        self.log.append((self.name, 'clean', T_max))
+
+    def _clear_pools(self):
+        self.log.append((self.name, 'clear_pools'))
+
+    def destroy(self):
+        self.log.append((self.name, 'destroy'))
+
+
+def _sweep_worker(move, systems, json_path, log):
+    """placement_sweep._worker in this process (one gloo rank), with every CUDA call and system faked."""
+    from local_group import free_port
+    made = {'llep': 0, 'deepep': 0}
+
+    class _FakeSystem:
+        def __init__(self, name, group, R, T_top):
+            made[name] += 1
+            self.name = f'{name}{made[name]}'
+            self.buf = _FakeBuf(log, self.name)
+            log.append((self.name, 'made', T_top))
+
+    held = []
+    pad_now = [0]
+
+    def fake_empty(n, dtype=None, device=None):
+        held.append(n)
+        pad_now[0] = n >> 20
+        return object()
+
+    def settled(sysm, inputs, T_max, iters):  # llep 4 µs + 0.1 per MiB held, DeepEP 4 µs
+        return (4.0 + (0.1 * pad_now[0] if sysm.name.startswith('llep') else 0.0), 5.0)
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(torch.cuda, 'device_count', lambda: 1)
+        mp.setattr(torch.cuda, 'set_device', lambda d: None)
+        mp.setattr(torch.cuda, 'synchronize', lambda *a: None)
+        mp.setattr(torch.cuda, 'empty_cache', lambda: log.append(('torch', 'empty_cache')))
+        mp.setattr(torch.cuda, 'get_device_name', lambda d: 'fake')
+        mp.setattr(ps.torch, 'empty', fake_empty)
+        mp.setattr(ps, '_System', _FakeSystem)
+        mp.setattr(ps, '_gate', lambda sysm, *a: log.append((sysm.name, 'gate')))
+        mp.setattr(ps, '_round_trip_inputs', lambda *a: None)
+        mp.setattr(ps, '_hook_round', lambda *a, **k: None)
+        mp.setattr(ps, '_settled_receives', settled)
+        ps._worker(0, 1, free_port(), [1, 8], [0, 2, 4], 3, systems, move, json_path)
+    finally:
+        mp.undo()
+    return held
+
+
+@pytest.mark.parametrize('move', ['all', 'outputs'])
+def test_sweep_makes_what_it_moves_anew_after_the_held_memory(tmp_path, capsys, move):
+    import json
+    log = []
+    path = tmp_path / 'sweep.json'
+    held = _sweep_worker(move, ['llep', 'deepep'], str(path), log)
+    assert held == [0, 2 << 20, 4 << 20]
+    names = [e for e in log if e[1] == 'made']
+    if move == 'all':  # a new llep buffer per placement, each destroyed; DeepEP's once
+        assert [n for n, _, _ in names] == ['deepep1', 'llep1', 'llep2', 'llep3']
+        assert [n for n, what in (e[:2] for e in log) if what == 'destroy'] == ['llep1', 'llep2', 'llep3', 'deepep1']
+    else:  # llep's buffer once too, its pooled outputs dropped before each placement's memory is held
+        assert [n for n, _, _ in names] == ['deepep1', 'llep1']
+        assert [e for e in log if e[1] == 'clear_pools'] == [('llep1', 'clear_pools')] * 3
+        assert [n for n, what in (e[:2] for e in log) if what == 'destroy'] == ['llep1', 'deepep1']
+    assert [n for n, what in (e[:2] for e in log) if what == 'gate'] == ['llep1', 'deepep1'] * 2  # first placement
+    data = json.loads(path.read_text())
+    assert data['move'] == move and [r['pad_mb'] for r in data['rows']] == [0, 2, 4]
+    assert [r['llep_h_drs_T8'] for r in data['rows']] == pytest.approx([4.0, 4.2, 4.4])
+    assert [r['deepep_h_drs_T1'] for r in data['rows']] == [4.0] * 3
+    out = capsys.readouterr().out
+    assert 'T=8    h_drs: llep  4.20 [ 4.00,  4.40], deepep  4.00 [ 4.00,  4.00], ratio  1.05 [ 1.00,  1.10]' in out
