@@ -31,25 +31,29 @@ def variant_files(directory, variant):
     return files
 
 
+def load_runs(directory, variant):
+    """{round: the file's JSON} of variant's files in directory, each read once."""
+    runs = {}
+    for n, path in variant_files(directory, variant).items():
+        with open(path) as f:
+            runs[n] = json.load(f)
+    return runs
+
+
+def rows_of(runs):
+    """{round: {T: row}} of load_runs' runs."""
+    return {n: {r['T']: r for r in data['rows']} for n, data in runs.items()}
+
+
+def placements_of(runs):
+    """{round: MiB held before the buffers} of load_runs' runs (ll_side_by_side.py's placement_pad_mb; files before it
+    have none)."""
+    return {n: data['placement_pad_mb'] for n, data in runs.items() if data.get('placement_pad_mb') is not None}
+
+
 def load_rounds(directory, variant):
     """{round: {T: row}} of variant's files in directory."""
-    rounds = {}
-    for n, path in variant_files(directory, variant).items():
-        with open(path) as f:
-            rounds[n] = {r['T']: r for r in json.load(f)['rows']}
-    return rounds
-
-
-def load_placements(directory, variant):
-    """{round: MiB held before the buffers} of variant's files (ll_side_by_side.py's placement_pad_mb; files before
-    it have none)."""
-    out = {}
-    for n, path in variant_files(directory, variant).items():
-        with open(path) as f:
-            pad = json.load(f).get('placement_pad_mb')
-        if pad is not None:
-            out[n] = pad
-    return out
+    return rows_of(load_runs(directory, variant))
 
 
 def table(ref_name, ref, name, var, columns, placements=None):
@@ -91,13 +95,13 @@ def main(argv):
     ap.add_argument('--columns', default=','.join(DEFAULT_COLUMNS))
     args = ap.parse_args(argv)
     columns = [c for c in args.columns.split(',') if c]
-    ref = load_rounds(args.directory, args.ref)
+    ref_runs = load_runs(args.directory, args.ref)
+    ref, placements = rows_of(ref_runs), placements_of(ref_runs)
     if not ref:
         print(f'compare_rounds: no sbs_{args.ref}_<round>.json in {args.directory}', file=sys.stderr)
         return 2
     for name in args.variants:
-        print('\n'.join(table(args.ref, ref, name, load_rounds(args.directory, name), columns,
-                               load_placements(args.directory, args.ref))))
+        print('\n'.join(table(args.ref, ref, name, load_rounds(args.directory, name), columns, placements)))
         print()
     return 0
 

@@ -22,7 +22,7 @@ def test_rounds_at_placements_are_named_and_ratios_taken_per_round(tmp_path):
     _write(tmp_path, 'base_es', 1, 9.0)  # another variant's file, not base's
     ref = cr.load_rounds(str(tmp_path), 'base')
     lines = cr.table('base', ref, 'new', cr.load_rounds(str(tmp_path), 'new'), ['h_drs'],
-                     cr.load_placements(str(tmp_path), 'base'))
+                     cr.placements_of(cr.load_runs(str(tmp_path), 'base')))
     assert lines[0] == 'new / base, rounds 1 (0 MiB), 2 (2 MiB) (cells: ratio per round)'
     assert lines[3] == '| 8 | 0.95 / 0.90 |'
     assert lines[5] == '  T=8: h_drs 4.2/4.5'
@@ -33,6 +33,6 @@ def test_rounds_without_placements_are_plain(tmp_path):
         _write(tmp_path, 'base', rnd, 4.0, 0)
         _write(tmp_path, 'new', rnd, 4.4)
     lines = cr.table('base', cr.load_rounds(str(tmp_path), 'base'), 'new', cr.load_rounds(str(tmp_path), 'new'),
-                     ['h_drs'], cr.load_placements(str(tmp_path), 'base'))
+                     ['h_drs'], cr.placements_of(cr.load_runs(str(tmp_path), 'base')))
     assert lines[0] == 'new / base, rounds 1, 2 (cells: ratio per round)'
     assert lines[3] == '| 8 | 1.10 / 1.10 |'
