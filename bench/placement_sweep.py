@@ -41,8 +41,7 @@ WARM_ROUNDS = 20
 
 
 def _timed(sysm, rank, R, T, T_max, dev, iters):
-    """(dispatch receive µs, combine receive µs) settled, max over ranks, at this T."""
-    sysm.buf.clean_low_latency_buffer(T_max, H, E)
+    """(dispatch receive µs, combine receive µs) settled, max over ranks, at this T (the buffer cleaned for T_max)."""
     inputs = _round_trip_inputs(rank, R, T, T_max, dev)
     for _ in range(WARM_ROUNDS):
         _hook_round(sysm, inputs, T_max)
@@ -74,8 +73,8 @@ def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path):
             for name, sysm in (('llep', llep), ('deepep', deepep)):
                 if sysm is None:
                     continue
+                sysm.buf.clean_low_latency_buffer(T_max, H, E)
                 if i == 0:
-                    sysm.buf.clean_low_latency_buffer(T_max, H, E)
                     _gate(sysm, rank, R, T, T_max, dev)
                 row[f'{name}_h_drs_T{T}'], row[f'{name}_h_crs_T{T}'] = _timed(sysm, rank, R, T, T_max, dev, iters)
         if llep is not None and llep is not fixed:
