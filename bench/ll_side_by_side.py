@@ -14,6 +14,9 @@ Columns, per system (medians of --iters, then the maximum over ranks: the slowes
                       (bench/RESULTS.md session 44)
   h.drs h.crs         the receives launched once every rank's send finished (synchronise and barrier between, per
                       iteration): the receive launch's own cost, no rank waiting for another
+  h.drc h.crc         the same, with a 256 MiB fill between (its time not counted): the receive with L2 holding
+                      none of its code or data, as after an engine's compute between a hook's send and its receive.
+                      Unlike h.drs it does not move with where the code and data land (bench/RESULTS.md session 55)
   eager               host-inclusive round trip: stream synchronised and ranks met (barrier), then one CUDA event,
                       low_latency_dispatch + low_latency_combine from Python, one CUDA event. No GPU sleep: the
                       host's cost per call is in the number, as in an engine that does not capture graphs
@@ -66,10 +69,11 @@ from local_group import buffer_tokens, free_port, init_gloo  # bench/local_group
 
 H, E, K = 7168, 256, 8
 SYSTEMS = ('llep', 'deepep')
-COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_dra', 'h_cra', 'h_drs', 'h_crs', 'eager', 'graph',
-           'graph16', 'cpu_d', 'cpu_c', 'cpu_d_dd', 'cpu_c_dd')
+COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_dra', 'h_cra', 'h_drs', 'h_crs', 'h_drc', 'h_crc',
+           'eager', 'graph', 'graph16', 'cpu_d', 'cpu_c', 'cpu_d_dd', 'cpu_c_dd')
 GRAPH_ROUND_TRIPS = 16
 ARRIVAL_SPIN_CYCLES = 50_000  # h.dra / h.cra: ~25 µs at H100 / H200 clocks, past the ranks' skew at these sizes
+COLD_FLUSH_MB = 256  # h.drc / h.crc: 5x an H100 / H200 L2 (50 MiB)
 
 
 
@@ -219,30 +223,48 @@ def _calls(sysm, inputs, T_max):
     return (lambda: sysm.dispatch(x, topk, w, T_max)[2], lambda hd: sysm.combine(y, topk, w, hd, out=out))
 
 
-def _hook_round(sysm, inputs, T_max, spin=0, wait_all=False):
+def _hook_round(sysm, inputs, T_max, spin=0, wait_all=False, before_recv=None):
     """One hook-mode round trip: dispatch send, its receive, combine send, its receive (four launches). spin: GPU
-    cycles between each send and its receive; wait_all: every rank's send finished before each receive (settle)."""
+    cycles between each send and its receive; wait_all: every rank's send finished before each receive (settle);
+    before_recv: called last before each receive is launched (e.g. work that evicts the caches, as an engine's compute
+    between a hook's send and its receive does)."""
     x, topk, w, y, out = inputs
     _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
     if spin:
         torch.cuda._sleep(spin)
     if wait_all:
         settle()
+    if before_recv is not None:
+        before_recv()
     hook()
     _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
     if spin:
         torch.cuda._sleep(spin)
     if wait_all:
         settle()
+    if before_recv is not None:
+        before_recv()
     chook()
 
 
-def _settled_receives(sysm, inputs, T_max, iters):
+def cache_flusher(mb, dev):
+    """A fill of mb MiB on dev (made once), to call before a receive so that it finds L2 holding none of its code or
+    data; None for mb <= 0."""
+    if mb <= 0:
+        return None
+    scratch = torch.empty(mb << 20, dtype=torch.uint8, device=dev)
+    return lambda: scratch.fill_(1)
+
+
+_flushers = {}
+
+
+def _settled_receives(sysm, inputs, T_max, iters, before_recv=None):
     """h_drs / h_crs (module doc): each receive launched once every rank's send finished (a synchronise and a barrier
     between), so no rank waits for another: the launch's own cost, medians of iters. In the queued loops (h_dr, h_dra)
     the ranks drift apart by the loop's slack, so the fastest rank's receives wait for a peer's send however long the
-    spin (RESULTS s44)."""
-    ks = kernel_times(lambda: _hook_round(sysm, inputs, T_max, wait_all=True), iters, settle)
+    spin (RESULTS s44). before_recv: _hook_round's (its kernels are not the receives: not counted)."""
+    ks = kernel_times(lambda: _hook_round(sysm, inputs, T_max, wait_all=True, before_recv=before_recv), iters, settle)
     return statistics.median(ks['dispatch'][1::2]), statistics.median(ks['combine'][1::2])
 
 
@@ -270,6 +292,9 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     ka = _kernel_times(lambda: hooked(ARRIVAL_SPIN_CYCLES), iters)
     r['h_dra'], r['h_cra'] = med(ka['dispatch'][1::2]), med(ka['combine'][1::2])
     r['h_drs'], r['h_crs'] = _settled_receives(sysm, inputs, T_max, iters)
+    if dev not in _flushers:  # one scratch per process, made after the buffers: it does not move them
+        _flushers[dev] = cache_flusher(COLD_FLUSH_MB, dev)
+    r['h_drc'], r['h_crc'] = _settled_receives(sysm, inputs, T_max, iters, before_recv=_flushers[dev])
     r['eager'] = _eager_times(plain, iters)
     r['graph'] = _graph_time(plain, 1, iters)
     r['graph16'] = _graph_time(plain, GRAPH_ROUND_TRIPS, iters) / GRAPH_ROUND_TRIPS
@@ -411,7 +436,8 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
                 cells.append(f'{a:>6.1f}/{b:>5.1f} {a / b:>4.2f}')
         print(f'{r["T"]:>4} {r["T_max"]:>4} | ' + ' '.join(cells))
     print('cells: llep/DeepEP ratio. k = kernel, h = hook send/recv kernels (d/c; h_dra / h_cra: the receives '
-          'launched ~25 µs after their sends, h_drs / h_crs: once every rank\'s send finished), eager = '
+          'launched ~25 µs after their sends, h_drs / h_crs: once every rank\'s send finished, h_drc / h_crc: the '
+          'same after a cache-evicting fill), eager = '
           'host-inclusive round trip, graph = one replay of both, graph16 = per round trip in a graph of 16, cpu = '
           'host µs per call (_dd: with a default device)')
     refused = [r['T'] for r in rows if r['deepep_refuses_T']]

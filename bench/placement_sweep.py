@@ -34,29 +34,31 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ll_side_by_side import (E, H, _gate, _hook_round, _max_over_ranks, _round_trip_inputs,  # noqa: E402
-                             _settled_receives, _System, parse_systems, spawn_ranks)
+                             _settled_receives, _System, cache_flusher, parse_systems, spawn_ranks)
 from local_group import buffer_tokens, init_gloo  # noqa: E402  (bench/local_group.py)
 
 WARM_ROUNDS = 20
 
 
-def _timed(sysm, rank, R, T, T_max, dev, iters):
-    """(dispatch receive µs, combine receive µs) settled, max over ranks, at this T (the buffer cleaned for T_max)."""
+def _timed(sysm, rank, R, T, T_max, dev, iters, flush):
+    """(dispatch receive µs, combine receive µs) settled, max over ranks, at this T (the buffer cleaned for T_max);
+    flush: called before each timed receive, or None."""
     inputs = _round_trip_inputs(rank, R, T, T_max, dev)
     for _ in range(WARM_ROUNDS):
         _hook_round(sysm, inputs, T_max)
     torch.cuda.synchronize()
-    drs, crs = _settled_receives(sysm, inputs, T_max, iters)
+    drs, crs = _settled_receives(sysm, inputs, T_max, iters, before_recv=flush)
     return _max_over_ranks(drs), _max_over_ranks(crs)
 
 
-def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path):
+def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path, flush_mb=0):
     ngpu = torch.cuda.device_count()
     torch.cuda.set_device(rank % ngpu)
     dev = torch.device('cuda', rank % ngpu)
     init_gloo(rank, R, port, 300)
     group = dist.group.WORLD
     T_top = max(buffer_tokens(T, R) for T in Ts)
+    flush = cache_flusher(flush_mb, dev)  # made before the sweep: it does not move with the placements
     deepep = _System('deepep', group, R, T_top) if 'deepep' in systems else None
     fixed = _System('llep', group, R, T_top) if 'llep' in systems and move == 'outputs' else None
     rows = []
@@ -76,7 +78,7 @@ def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path):
                 sysm.buf.clean_low_latency_buffer(T_max, H, E)
                 if i == 0:
                     _gate(sysm, rank, R, T, T_max, dev)
-                row[f'{name}_h_drs_T{T}'], row[f'{name}_h_crs_T{T}'] = _timed(sysm, rank, R, T, T_max, dev, iters)
+                row[f'{name}_h_drs_T{T}'], row[f'{name}_h_crs_T{T}'] = _timed(sysm, rank, R, T, T_max, dev, iters, flush)
         if llep is not None and llep is not fixed:
             llep.buf.destroy()
         del llep, held
@@ -93,7 +95,7 @@ def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path):
         if json_path:
             with open(json_path, 'w') as f:
                 json.dump({'ranks': R, 'gpus': ngpu, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H,
-                           'experts': E, 'iters': iters, 'systems': systems, 'move': move, 'rows': rows,
+                           'experts': E, 'iters': iters, 'systems': systems, 'move': move, 'flush_mb': flush_mb, 'rows': rows,
                            'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
 
 
@@ -138,6 +140,9 @@ def main():
                     help="what each placement makes anew: llep's Buffer and everything after it, or only the outputs "
                          "and inputs (llep's Buffer made once, as DeepEP's always is)")
     ap.add_argument('--iters', type=int, default=50)
+    ap.add_argument('--flush-mb', type=int, default=0,
+                    help='MiB filled before each timed receive (L2 is 50 MiB): the receive with cold caches, as '
+                         "after an engine's compute between send and receive (default 0: right after the send)")
     ap.add_argument('--systems', default='llep,deepep', help='comma-separated subset of llep,deepep')
     ap.add_argument('--json', default='')
     args = ap.parse_args()
@@ -147,7 +152,10 @@ def main():
     systems = parse_systems(ap, args.systems)
     if any(p < 0 for p in args.pads) or not args.pads:
         ap.error('--pads: one or more sizes >= 0 (MiB)')
-    spawn_ranks(_worker, args.ranks, lambda R: (args.tokens, args.pads, args.iters, systems, args.move, args.json))
+    if args.flush_mb < 0:
+        ap.error('--flush-mb: a size >= 0 (MiB)')
+    spawn_ranks(_worker, args.ranks,
+                lambda R: (args.tokens, args.pads, args.iters, systems, args.move, args.json, args.flush_mb))
     return 0
 
 

@@ -11,8 +11,9 @@
       systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired).
   sbs_tables.py settled FILE [FILE ...]  |  sbs_tables.py settled --variant DIR VARIANT
       per T the settled hook receives (h_drs / h_crs: launched once every rank's send finished, the receive launch's
-      own cost), both systems' µs ranges over the files and the range of llep / DeepEP taken within each run (the
-      "settled" figures of the README and bench/RESULTS.md). --variant takes VARIANT's files in DIR, as `ranges` does.
+      own cost; and h_drc / h_crc, the same with the caches evicted first, where the files have them), both systems'
+      µs ranges over the files and the range of llep / DeepEP taken within each run (the "settled" figures of the
+      README and bench/RESULTS.md). --variant takes VARIANT's files in DIR, as `ranges` does.
 """
 import argparse
 import json
@@ -91,12 +92,20 @@ def ratios(paths):
     return lines
 
 
+SETTLED_COLUMNS = (('h_drs', 'dispatch receive'), ('h_crs', 'combine receive'),
+                   ('h_drc', 'cold dispatch receive'), ('h_crc', 'cold combine receive'))
+
+
 def settled(paths):
-    lines = ['| T | dispatch receive llep / DeepEP (µs) | llep / DeepEP | combine receive llep / DeepEP (µs) | '
-             'llep / DeepEP |', '|---' * 5 + '|']
-    for t, rs in _per_token(paths):
+    """The settled receives' table; the cold ones (h_drc / h_crc) too when the files have them (since session 55)."""
+    per_t = list(_per_token(paths))
+    cols = [(c, name) for c, name in SETTLED_COLUMNS
+            if any(r.get(f'llep_{c}') is not None for _, rs in per_t for r in rs)]
+    lines = ['| T | ' + ' | '.join(f'{name} llep / DeepEP (µs) | llep / DeepEP' for _, name in cols) + ' |',
+             '|---' * (1 + 2 * len(cols)) + '|']
+    for t, rs in per_t:
         cells = []
-        for c in ('h_drs', 'h_crs'):
+        for c, _ in cols:
             cells += [f'{span([r.get(f"llep_{c}") for r in rs], 2)} / {span([r.get(f"deepep_{c}") for r in rs], 2)}',
                       span([_ratio(r, c) for r in rs], 2)]
         lines.append(f'| {t} | ' + ' | '.join(cells) + ' |')

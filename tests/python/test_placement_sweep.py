@@ -44,6 +44,10 @@ def test_hook_round_launches_in_order_and_settles_before_each_receive_when_asked
     log.clear()
     sbs._hook_round(_HookSystem(log), inputs, 4, spin=7)
     assert log == ['dispatch send', 'spin 7', 'dispatch recv', 'combine send', 'spin 7', 'combine recv']
+    log.clear()
+    sbs._hook_round(_HookSystem(log), inputs, 4, wait_all=True, before_recv=lambda: log.append('flush'))
+    assert log == ['dispatch send', 'settle', 'flush', 'dispatch recv', 'combine send', 'settle', 'flush',
+                   'combine recv']
 
 
 def test_settled_receives_take_every_second_launch_of_each_op(monkeypatch):
@@ -57,6 +61,13 @@ def test_settled_receives_take_every_second_launch_of_each_op(monkeypatch):
     monkeypatch.setattr(sbs, 'kernel_times', fake_kernel_times)
     assert sbs._settled_receives(None, None, 4, 3) == (2.0, 5.0)
     assert seen == {'iters': 3, 'ahead': sbs.settle}
+    # before_recv reaches the hook rounds kernel_times runs
+    rounds = []
+    monkeypatch.setattr(sbs, '_hook_round', lambda *a, **k: rounds.append(k))
+    monkeypatch.setattr(sbs, 'kernel_times', lambda fn, iters, ahead: (fn(), fake_kernel_times(fn, iters, ahead))[1])
+    flush = object()
+    sbs._settled_receives(None, None, 4, 3, before_recv=flush)
+    assert rounds == [{'wait_all': True, 'before_recv': flush}]
 
 
 def test_summary_takes_each_placements_ratio(capsys):
@@ -99,7 +110,7 @@ class _FakeBuf:
         self.log.append((self.name, 'destroy'))
 
 
-def _sweep_worker(move, systems, json_path, log):
+def _sweep_worker(move, systems, json_path, log, flush_mb=0):
     """placement_sweep._worker in this process (one gloo rank), with every CUDA call and system faked."""
     from local_group import free_port
     made = {'llep': 0, 'deepep': 0}
@@ -119,7 +130,8 @@ def _sweep_worker(move, systems, json_path, log):
         pad_now[0] = n >> 20
         return object()
 
-    def settled(sysm, inputs, T_max, iters):  # llep 4 µs + 0.1 per MiB held, DeepEP 4 µs
+    def settled(sysm, inputs, T_max, iters, before_recv=None):  # llep 4 µs + 0.1 per MiB held, DeepEP 4 µs
+        log.append((sysm.name, 'flush' if before_recv is not None else 'no flush'))
         return (4.0 + (0.1 * pad_now[0] if sysm.name.startswith('llep') else 0.0), 5.0)
 
     mp = pytest.MonkeyPatch()
@@ -135,7 +147,7 @@ def _sweep_worker(move, systems, json_path, log):
         mp.setattr(ps, '_round_trip_inputs', lambda *a: None)
         mp.setattr(ps, '_hook_round', lambda *a, **k: None)
         mp.setattr(ps, '_settled_receives', settled)
-        ps._worker(0, 1, free_port(), [1, 8], [0, 2, 4], 3, systems, move, json_path)
+        ps._worker(0, 1, free_port(), [1, 8], [0, 2, 4], 3, systems, move, json_path, flush_mb)
     finally:
         mp.undo()
     return held
@@ -163,3 +175,16 @@ def test_sweep_makes_what_it_moves_anew_after_the_held_memory(tmp_path, capsys, 
     assert [r['deepep_h_drs_T1'] for r in data['rows']] == [4.0] * 3
     out = capsys.readouterr().out
     assert 'T=8    h_drs: llep  4.20 [ 4.00,  4.40], deepep  4.00 [ 4.00,  4.00], ratio  1.05 [ 1.00,  1.10]' in out
+
+
+def test_sweep_flushes_before_every_timed_receive_when_asked(tmp_path):
+    """--flush-mb: one scratch of that size, made before the first placement's memory is held, and handed to every
+    timed measurement; without it none."""
+    import json
+    for flush_mb, want in ((0, 'no flush'), (64, 'flush')):
+        log = []
+        path = tmp_path / f'sweep{flush_mb}.json'
+        held = _sweep_worker('outputs', ['llep'], str(path), log, flush_mb)
+        assert held == ([64 << 20] if flush_mb else []) + [0, 2 << 20, 4 << 20]
+        assert [e[1] for e in log if e[1].endswith('flush')] == [want] * 6  # 3 placements x 2 T
+        assert json.loads(path.read_text())['flush_mb'] == flush_mb

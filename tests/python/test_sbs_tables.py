@@ -8,13 +8,14 @@ import sys
 BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'bench', 'sbs_tables.py')
 
 
-def _run_file(path, scale, deepep):
-    """A run with T in {1, 8}: llep's µs = scale * base, DeepEP's fixed; paired ratios given."""
+def _run_file(path, scale, deepep, cold=False):
+    """A run with T in {1, 8}: llep's µs = scale * base, DeepEP's fixed; paired ratios given; cold: with h_drc / h_crc
+    (ll_side_by_side.py since session 55)."""
     rows = []
     for t, base in ((1, 10.0), (8, 20.0)):
         r = {'T': t, 'T_max': t, 'deepep_refuses_T': False}
         for c in ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_drs', 'h_crs', 'graph', 'graph16', 'eager',
-                  'cpu_d', 'cpu_c'):
+                  'cpu_d', 'cpu_c') + (('h_drc', 'h_crc') if cold else ()):
             r[f'llep_{c}'] = scale * base
             r[f'deepep_{c}'] = deepep * base
         r.update(ratio_eager_p=0.6 * scale, ratio_cpu_d_p=0.4 * scale, ratio_cpu_c_p=0.5 * scale)
@@ -76,3 +77,15 @@ def test_settled_variant_takes_its_own_rounds_only(tmp_path):
     r = subprocess.run([sys.executable, BENCH, 'settled', '--variant', str(tmp_path), 'gone'], capture_output=True,
                        text=True)
     assert r.returncode != 0 and 'gone' in r.stderr
+
+
+def test_settled_adds_the_cold_receives_when_a_file_has_them(tmp_path):
+    _run_file(tmp_path / 'a.json', 1.0, 2.0)
+    _run_file(tmp_path / 'b.json', 1.1, 1.6, cold=True)
+    out = subprocess.run([sys.executable, BENCH, 'settled', str(tmp_path / 'a.json'), str(tmp_path / 'b.json')],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert 'cold dispatch receive llep / DeepEP (µs)' in out[0] and out[1] == '|---' * 9 + '|'
+    t1 = out[2].split(' | ')
+    # a.json has no cold columns: their ranges come from b.json alone
+    assert t1[1:5] == ['10.00–11.00 / 16.00–20.00', '0.50–0.69', '10.00–11.00 / 16.00–20.00', '0.50–0.69']
+    assert t1[5:] == ['11.00 / 16.00', '0.69', '11.00 / 16.00', '0.69 |']
