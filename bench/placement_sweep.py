@@ -19,7 +19,10 @@ ll_side_by_side.py's correctness gate at each T.
 
 Usage (one GPU per rank; the visible GPUs by default):
     PYTHONPATH=build-gpu/python[:deepep] python3 bench/placement_sweep.py [--tokens 1 8 32] [--pads 0 2 4 ...]
-        [--systems llep,deepep] [--move all|outputs] [--iters 50] [--json PATH]
+        [--systems llep,deepep] [--move all|outputs] [--flush-mb 256] [--iters 50] [--json PATH]
+--flush-mb N fills N MiB before each timed receive (not timed): the receives with L2 cold, as after an engine's
+compute between a hook's send and its receive. Warm, llep's receive-only kernel moves with placement and DeepEP's
+(which runs its send's kernel) does not; cold, neither does (bench/RESULTS.md session 55).
 Output: a row per placement (llep / DeepEP µs and their ratio per T), then per T the median, minimum and maximum over
 the placements of each system and of the ratio."""
 import argparse
@@ -78,7 +81,8 @@ def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path, flush_mb=0
                 sysm.buf.clean_low_latency_buffer(T_max, H, E)
                 if i == 0:
                     _gate(sysm, rank, R, T, T_max, dev)
-                row[f'{name}_h_drs_T{T}'], row[f'{name}_h_crs_T{T}'] = _timed(sysm, rank, R, T, T_max, dev, iters, flush)
+                row[f'{name}_h_drs_T{T}'], row[f'{name}_h_crs_T{T}'] = _timed(sysm, rank, R, T, T_max, dev, iters,
+                                                                              flush)
         if llep is not None and llep is not fixed:
             llep.buf.destroy()
         del llep, held
@@ -95,8 +99,8 @@ def _worker(rank, R, port, Ts, pads, iters, systems, move, json_path, flush_mb=0
         if json_path:
             with open(json_path, 'w') as f:
                 json.dump({'ranks': R, 'gpus': ngpu, 'gpu': torch.cuda.get_device_name(dev), 'hidden': H,
-                           'experts': E, 'iters': iters, 'systems': systems, 'move': move, 'flush_mb': flush_mb, 'rows': rows,
-                           'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
+                           'experts': E, 'iters': iters, 'systems': systems, 'move': move, 'flush_mb': flush_mb,
+                           'rows': rows, 'date': time.strftime('%Y-%m-%d %H:%M:%S')}, f, indent=1)
 
 
 def _cell(row, col, T):
