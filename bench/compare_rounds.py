@@ -7,7 +7,9 @@ against a reference variant, round by round, so the spread of this machine shows
 DIR holds sbs_<variant>_<round>.json. For each VARIANT and T it prints variant / REF per round ("0.79 / 0.87 / 0.81")
 for every column, then the variant's and REF's medians over the rounds in µs. Rounds missing either file are skipped.
 One round is the plain before / after of two runs (it replaced compare_side_by_side.py). Rounds run at different
-data placements (gpu_sbs_rounds.sh's LLEP_SBS_PLACEMENTS) are labelled with the MiB held before the buffers.
+data placements (gpu_sbs_rounds.sh's LLEP_SBS_PLACEMENTS) are labelled with the MiB held before the buffers. The
+default columns include the cold receives (h_drc / h_crc, '-' for files from before session 55): a receive change is
+judged with L2 cold as well as warm (kernels/SMALL_T_CODE.md).
 """
 import argparse
 import glob
@@ -17,7 +19,7 @@ import re
 import statistics
 import sys
 
-DEFAULT_COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'graph16')
+DEFAULT_COLUMNS = ('k_disp', 'k_comb', 'h_ds', 'h_dr', 'h_cs', 'h_cr', 'h_drc', 'h_crc', 'graph16')
 
 
 def variant_files(directory, variant):
