@@ -8,7 +8,8 @@
   sbs_tables.py ratios FILE [FILE ...]
       per T the range over the files of llep / DeepEP per column, each ratio taken within one run (the README's
       table): kernels, hook send and receive, the paired eager round trip, one graph replay, graph16 (with both
-      systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired).
+      systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired), and the cold hook
+      receives (h_drc / h_crc) where the files have them.
   sbs_tables.py settled FILE [FILE ...]  |  sbs_tables.py settled --variant DIR VARIANT
       per T the settled hook receives (h_drs / h_crs: launched once every rank's send finished, the receive launch's
       own cost; and h_drc / h_crc, the same with the caches evicted first, where the files have them), both systems'
@@ -75,6 +76,11 @@ def ratios(paths):
     lines = ['| T | dispatch kernel | combine kernel | hook dispatch send / receive | hook combine send / receive | '
              'eager round trip (paired) | one graph replay | graph16 | host CPU dispatch / combine (paired) |',
              '|---' * 9 + '|']
+    # The cold receives (h_drc / h_crc, L2 evicted between send and receive) as a last column when the files have them.
+    cold = any(r.get('llep_h_drc') is not None for _, rs in per_token for r in rs)
+    if cold:
+        lines[0] += ' cold hook receive dispatch / combine |'
+        lines[1] += '---|'
     for t, rs in per_token:
 
         def rr(c):
@@ -88,6 +94,8 @@ def ratios(paths):
         cells = [rr('k_disp'), rr('k_comb'), f'{rr("h_ds")}, {d_recv}', f'{rr("h_cs")}, {rr("h_cr")}',
                  span([r.get('ratio_eager_p') for r in rs], 2), rr('graph'), g16,
                  f'{span([r.get("ratio_cpu_d_p") for r in rs], 2)}, {span([r.get("ratio_cpu_c_p") for r in rs], 2)}']
+        if cold:
+            cells.append(f'{rr("h_drc")}, {rr("h_crc")}')
         lines.append(f'| {t} | ' + ' | '.join(cells) + ' |')
     return lines
 

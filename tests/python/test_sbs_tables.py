@@ -89,3 +89,16 @@ def test_settled_adds_the_cold_receives_when_a_file_has_them(tmp_path):
     # a.json has no cold columns: their ranges come from b.json alone
     assert t1[1:5] == ['10.00–11.00 / 16.00–20.00', '0.50–0.69', '10.00–11.00 / 16.00–20.00', '0.50–0.69']
     assert t1[5:] == ['11.00 / 16.00', '0.69', '11.00 / 16.00', '0.69 |']
+
+
+def test_ratios_add_the_cold_receives_as_a_last_column_when_a_file_has_them(tmp_path):
+    _run_file(tmp_path / 'a.json', 1.0, 2.0, cold=True)
+    _run_file(tmp_path / 'b.json', 1.1, 2.0)
+    out = subprocess.run([sys.executable, BENCH, 'ratios', str(tmp_path / 'a.json'), str(tmp_path / 'b.json')],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].endswith('| cold hook receive dispatch / combine |') and out[1] == '|---' * 10 + '|'
+    t1 = out[2].split(' | ')
+    assert len(t1) == 10 and t1[8] == '0.40–0.44, 0.50–0.55' and t1[9] == '0.50, 0.50 |'  # b.json has none
+    plain = subprocess.run([sys.executable, BENCH, 'ratios', str(tmp_path / 'b.json')], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert 'cold' not in plain[0] and len(plain[2].split(' | ')) == 9
