@@ -229,21 +229,20 @@ def _hook_round(sysm, inputs, T_max, spin=0, wait_all=False, before_recv=None):
     before_recv: called last before each receive is launched (e.g. work that evicts the caches, as an engine's compute
     between a hook's send and its receive does)."""
     x, topk, w, y, out = inputs
+
+    def between():  # what runs between a send and its receive, the same for both ops
+        if spin:
+            torch.cuda._sleep(spin)
+        if wait_all:
+            settle()
+        if before_recv is not None:
+            before_recv()
+
     _, _, hd, _, hook = sysm.dispatch(x, topk, w, T_max, return_recv_hook=True)
-    if spin:
-        torch.cuda._sleep(spin)
-    if wait_all:
-        settle()
-    if before_recv is not None:
-        before_recv()
+    between()
     hook()
     _, _, chook = sysm.combine(y, topk, w, hd, out=out, return_recv_hook=True)
-    if spin:
-        torch.cuda._sleep(spin)
-    if wait_all:
-        settle()
-    if before_recv is not None:
-        before_recv()
+    between()
     chook()
 
 
