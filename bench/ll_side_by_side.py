@@ -255,7 +255,7 @@ def cache_flusher(mb, dev):
     return lambda: scratch.fill_(1)
 
 
-_flushers = {}
+_flushers = {}  # {device: cache_flusher} for h_drc / h_crc, made at its first use (_measure)
 
 
 def _settled_receives(sysm, inputs, T_max, iters, before_recv=None):
@@ -291,7 +291,9 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
     ka = _kernel_times(lambda: hooked(ARRIVAL_SPIN_CYCLES), iters)
     r['h_dra'], r['h_cra'] = med(ka['dispatch'][1::2]), med(ka['combine'][1::2])
     r['h_drs'], r['h_crs'] = _settled_receives(sysm, inputs, T_max, iters)
-    if dev not in _flushers:  # one scratch per process, made after the buffers: it does not move them
+    # One scratch per process, made here, after the first system's buffer and outputs and the columns above: the
+    # placement session 55 measured with (a scratch made earlier would move them).
+    if dev not in _flushers:
         _flushers[dev] = cache_flusher(COLD_FLUSH_MB, dev)
     r['h_drc'], r['h_crc'] = _settled_receives(sysm, inputs, T_max, iters, before_recv=_flushers[dev])
     r['eager'] = _eager_times(plain, iters)
