@@ -70,6 +70,11 @@ def _per_token(paths):
     return [(t, [r[t] for r in runs]) for t in tokens]
 
 
+def _has(per_token, c):
+    """Whether any run has llep's column c (older files lack the newer columns)."""
+    return any(r.get(f'llep_{c}') is not None for _, rs in per_token for r in rs)
+
+
 def ratios(paths):
     per_token = _per_token(paths)
     first = per_token[0][0] if per_token else None
@@ -77,7 +82,7 @@ def ratios(paths):
              'eager round trip (paired) | one graph replay | graph16 | host CPU dispatch / combine (paired) |',
              '|---' * 9 + '|']
     # The cold receives (h_drc / h_crc, L2 evicted between send and receive) as a last column when the files have them.
-    cold = any(r.get('llep_h_drc') is not None for _, rs in per_token for r in rs)
+    cold = _has(per_token, 'h_drc')
     if cold:
         lines[0] += ' cold hook receive dispatch / combine |'
         lines[1] += '---|'
@@ -107,8 +112,7 @@ SETTLED_COLUMNS = (('h_drs', 'dispatch receive'), ('h_crs', 'combine receive'),
 def settled(paths):
     """The settled receives' table; the cold ones (h_drc / h_crc) too when the files have them (since session 55)."""
     per_t = list(_per_token(paths))
-    cols = [(c, name) for c, name in SETTLED_COLUMNS
-            if any(r.get(f'llep_{c}') is not None for _, rs in per_t for r in rs)]
+    cols = [(c, name) for c, name in SETTLED_COLUMNS if _has(per_t, c)]
     lines = ['| T | ' + ' | '.join(f'{name} llep / DeepEP (µs) | llep / DeepEP' for _, name in cols) + ' |',
              '|---' * (1 + 2 * len(cols)) + '|']
     for t, rs in per_t:
