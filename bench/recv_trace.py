@@ -15,6 +15,10 @@ lines: at EP4 the dispatch receive is 1.2-1.8x DeepEP's where at one rank nothin
 session 30). Each traced launch runs after all ranks finished the one before (synchronise, then a barrier), so a
 receive's timeline is its own work with every message there, as in a hook called late.
 
+The fused launches (no hook: what a captured graph replays, the receive phase after the send phase in one launch) are
+traced and profiled too, after a few untraced ones (a kernel's first run fetches its code from memory: traced cold,
+the fused dispatch's receive phase looked 2.5 µs longer, bench/RESULTS.md session 56).
+
   LLEP_KERNEL_TRACE is set by this script. Usage: PYTHONPATH=build-gpu/python python3 bench/recv_trace.py --tokens 1 8
   [--ranks 4]   (LLEP_METRICS=0 in the environment traces the kernels without their metrics)
 """
@@ -37,11 +41,14 @@ POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'publish
           'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered', 'opened', 'call_read', 'polled']
 # In time order; a point the tree does not stamp is left out ('opened', the call state known, is newer than the rest).
 LAUNCH_SPREAD_NS = 20_000  # a launch's CTAs enter within a few µs of each other
+LINES_PER_T = 9  # _worker's lines per T and rank
 RECV = ['entered', 'recv_start', 'call_read', 'opened', 'recv_planned', 'signals', 'recv_end']
 
 
 SEND = ['entered', 'send_start', 'call_read', 'opened', 'counted', 'planned', 'encoded', 'stored', 'fenced',
         'counter_done', 'polled', 'published']
+# A fused launch (no hook: the launch a graph replays) stamps both: its receive phase after its send phase.
+FUSED = SEND + ['recv_start', 'recv_planned', 'signals', 'recv_end']
 
 
 def timeline(buf, op, points):
@@ -124,27 +131,44 @@ def _worker(rank, R, port, tokens, iters, spin):
         ch()
         settle()
         lines['cr'] = timeline(buf, 1, RECV)
+        # The fused launches (no hooks), as a graph replays them: the send phase, then the receive phase in the same
+        # CTAs, on the whole grid. Run a few times first: a kernel's first run fetches its code from memory.
+        for _ in range(5):
+            buf.low_latency_combine(y, topk, w, buf.low_latency_dispatch(x, topk, T_top, E)[2])
+        settle()
+        fd = buf.low_latency_dispatch(x, topk, T_top, E)
+        settle()
+        lines['fd'] = timeline(buf, 0, FUSED)
+        buf.low_latency_combine(y, topk, w, fd[2])
+        settle()
+        lines['fc'] = timeline(buf, 1, FUSED)
         ks = kernel_times(lambda: round_trip(spin), iters, gpu_ahead)
         settle()
         # The profiled loop's last receives (each op's newest launch): a rank whose profiler times sit in a slow mode
-        # shows here whether that time is inside the CTAs' stamps.
+        # shows here whether that time is inside the CTAs' stamps. Read before the fused launches below restamp them.
         lines['dr_last'], lines['cr_last'] = timeline(buf, 0, RECV), timeline(buf, 1, RECV)
+        kf = kernel_times(lambda: buf.low_latency_combine(y, topk, w, buf.low_latency_dispatch(x, topk, T_top, E)[2]),
+                          iters, gpu_ahead)
+        settle()
         med = {f'{op}_{ph}': statistics.median(ks[op][i::2]) for op in ks for i, ph in ((0, 'send'), (1, 'recv'))}
         who = f'T={T}' + (f' rank {rank}' if R > 1 else '')
+        med.update({f'{op}_fused': statistics.median(kf[op]) for op in kf})
         out += [f'{who}: profiler kernel durations (µs, median): ' + ', '.join(f'{k} {v:.2f}' for k, v in med.items()),
                 f'{who}: dispatch send launch, µs since the first CTA entered (median/max over CTAs): {lines["ds"]}',
                 f'{who}: dispatch receive launch: {lines["dr"]}',
                 f'{who}: combine send launch: {lines["cs"]}',
                 f'{who}: combine receive launch: {lines["cr"]}',
                 f'{who}: the profiled loop\'s last dispatch receive: {lines["dr_last"]}',
-                f'{who}: the profiled loop\'s last combine receive: {lines["cr_last"]}']
+                f'{who}: the profiled loop\'s last combine receive: {lines["cr_last"]}',
+                f'{who}: fused dispatch launch: {lines["fd"]}',
+                f'{who}: fused combine launch: {lines["fc"]}']
     buf.destroy()
     every = [None] * R
     dist.all_gather_object(every, out)
     if rank == 0:  # rank by rank, per T
-        for i in range(0, len(out), 7):
+        for i in range(0, len(out), LINES_PER_T):
             for r in range(R):
-                print('\n'.join(every[r][i:i + 7]), flush=True)
+                print('\n'.join(every[r][i:i + LINES_PER_T]), flush=True)
     dist.destroy_process_group()
 
 
