@@ -42,9 +42,14 @@ def load_runs(directory, variant):
     return runs
 
 
+def rows_by_t(data):
+    """{T: row} of one run's JSON (ll_side_by_side.py --json)."""
+    return {r['T']: r for r in data['rows']}
+
+
 def rows_of(runs):
     """{round: {T: row}} of load_runs' runs."""
-    return {n: {r['T']: r for r in data['rows']} for n, data in runs.items()}
+    return {n: rows_by_t(data) for n, data in runs.items()}
 
 
 def placements_of(runs):

@@ -22,15 +22,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_rounds import load_rounds, variant_files  # noqa: E402  (bench/: the same files, the same naming)
+from compare_rounds import load_rounds, rows_by_t, variant_files  # noqa: E402  (bench/: the same files and naming)
 
-RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_dra', 'h_drs', 'h_drc', 'h_cs', 'h_cr', 'h_cra', 'h_crs', 'h_crc', 'k_comb',
-                 'graph16', 'eager', 'cpu_d', 'cpu_c')
+RANGE_COLUMNS = ('h_ds', 'k_disp', 'h_dr', 'h_dra', 'h_drs', 'h_drc', 'h_cs', 'h_cr', 'h_cra', 'h_crs', 'h_crc',
+                 'k_comb', 'graph16', 'eager', 'cpu_d', 'cpu_c')
 
 
 def _rows(path):
     with open(path) as f:
-        return {r['T']: r for r in json.load(f)['rows']}
+        return rows_by_t(json.load(f))
 
 
 def span(values, digits):
