@@ -70,10 +70,11 @@ def timeline(buf, op, points):
         if vs:
             cells.append(f'{name} {statistics.median(v for v, _ in vs):.2f}/{vs[-1][0]:.2f}@{vs[-1][1]}')
     # CTA 0 holds the first token / message, the last CTA the handle and the count check, the one before it the
-    # metrics binning (BinningCta: both take the dispatch receive's table path), and the CTA that stamped the launch's
-    # last point last (the launch's tail): their own timelines.
-    last = max(ran, key=lambda b: col[points[-1]][b])
-    for b in sorted({0, max(ran) - 1, max(ran), last} & ran):
+    # metrics binning (BinningCta: both take the dispatch receive's table path), and the three CTAs that stamped the
+    # launch's last point last (the launch's tail; a near tie shows which CTAs a change must shorten together, as in
+    # session 57's fused combine, bench/RESULTS.md): their own timelines.
+    lasts = sorted(ran, key=lambda b: col[points[-1]][b])[-3:]
+    for b in sorted({0, max(ran) - 1, max(ran), *lasts} & ran):
         pts = ' '.join(f'{name} {(col[name][b] - t0) / 1000:.2f}' for name in points if col[name][b] >= t0)
         cells.append(f'[CTA {b}: {pts}]')
     return ', '.join(cells)
