@@ -111,7 +111,7 @@ SETTLED_COLUMNS = (('h_drs', 'dispatch receive'), ('h_crs', 'combine receive'),
 
 def settled(paths):
     """The settled receives' table; the cold ones (h_drc / h_crc) too when the files have them (since session 55)."""
-    per_t = list(_per_token(paths))
+    per_t = _per_token(paths)
     cols = [(c, name) for c, name in SETTLED_COLUMNS if _has(per_t, c)]
     lines = ['| T | ' + ' | '.join(f'{name} llep / DeepEP (µs) | llep / DeepEP' for _, name in cols) + ' |',
              '|---' * (1 + 2 * len(cols)) + '|']
