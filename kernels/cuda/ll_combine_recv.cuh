@@ -179,7 +179,9 @@ __device__ __forceinline__ void PlanReducedRows(const LlDeviceContext& c, const 
 /// expert rank returned exactly those; every CTA checks that the rows it reads exist.
 /// Returns whether this CTA stamps the receive's end (metrics): every CTA (see the end). kExpertSide: the expert-side
 /// combine's compilation (CombineSend).
-template <bool kExpertSide>
+/// kAfterSend: the receive phase of a launch with a send phase (ll_kernels.cu, ll_kernels_expert_side.cu); false in
+/// the receive-only compilations, whose code it leaves as it was.
+template <bool kExpertSide, bool kAfterSend>
 __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
@@ -232,7 +234,10 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
   // is split (not this arithmetic; cause not found); session 18's branch-free plan took 10-24 % off every T. The split
   // comes from the host (CombineRecvSplit): multiplications here, no integer divisions.
   const int G_tok = static_cast<int>(p.split.token_ctas.divisor);
-  const CombineRecvSplit::Cta cta = p.split.ForCta(static_cast<int>(blockIdx.x), p.num_tokens);
+  // After a send phase the CTAs take the tokens in another order (CombineRecvSplit::AfterSend).
+  const int b = static_cast<int>(blockIdx.x);
+  const CombineRecvSplit::Cta cta =
+      p.split.ForCta(kAfterSend ? p.split.AfterSend(b, R, p.num_tokens, p.num_topk) : b, p.num_tokens);
   const int slot = cta.slot, ch_lo = cta.ch_lo, seg_chunks = cta.ch_count, my_tokens = cta.num_tokens;
   for (int round = 0; round < my_tokens || round == 0; round += kWarps) {
     const int n = max(0, min(kWarps, my_tokens - round));

@@ -12,8 +12,6 @@
 namespace llep::kernels::cuda {
 namespace {
 
-constexpr int kRowPieces = 4;  // CombineSend's pieces per row when it has few rows
-
 /// The expert-side combine's send (a dispatch that carried combine_weights; kernels/EXPERT_SIDE_COMBINE.md). Per
 /// message that dispatch received (ExpertPlanArea, found by the handle's plan key), the message's rows are reduced in
 /// its header's order with fp32 fma, rounded once to bf16 and stored at the token's position of the home rank's receive
@@ -120,7 +118,7 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   }
   __syncthreads();
   Trace(c, LlOp::kCombine, kTraceCounterDone);
-  for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
+  for (int d = FirstPublishedDst(G); tid == 0 && d < R; d += G) {
     const auto n = static_cast<uint32_t>(msgs[d]);
     PublishWhenDone(c, LlOp::kCombine, half, d, n, seq, n << lg, false);
   }
@@ -275,9 +273,10 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   }
   __syncthreads();
   Trace(c, LlOp::kCombine, kTraceCounterDone);
-  // CTA G-1-d publishes rank d's signal: the CTAs that hold this rank's tokens in the receive phase start at CTA 0,
-  // so in a send+receive launch with T < G they go on to plan their tokens instead of polling the counter first.
-  for (int d = G - 1 - static_cast<int>(blockIdx.x); tid == 0 && d < R; d += G) {
+  // CTA G-2-d publishes rank d's signal (FirstPublishedDst): in a send+receive launch the CTAs that hold this rank's
+  // tokens in the receive phase are below the publishers (CombineRecv), so with T < G they go on to plan their
+  // tokens instead of polling the counter first.
+  for (int d = FirstPublishedDst(G); tid == 0 && d < R; d += G) {
     const int rows_d = rows_to(d);
     if (rows_d < 0) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, rows_for(d));
     const auto n = static_cast<uint32_t>(max(rows_d, 0));

@@ -63,7 +63,7 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 ///  2. reads the route counts (words[half][src][le]; local expert le's block holds the rows of source 0, then of
 ///     source 1, ...). The last CTA (tokenless at small T) checks them all and writes the handle (recv_count,
 ///     layout_range, statistics). When the peek found every signal, the other CTAs skip steps 1-2: the early words
-///     are the counts;
+///     are the counts; after a send phase (kAfterSend: a launch a graph replays) they skip step 2;
 ///  3. copies messages (one per (token, rank)) to their rows. A warp finds its message's source by a warp scan over
 ///     the message counts, not a CTA-wide scan (two barriers fewer on the way to the first copy), and each selection's
 ///     lane its row by summing the counts of the sources before the message's. With one item per CTA (small T) 4 of
@@ -75,6 +75,9 @@ __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c
 /// receive failed (its stamp as before), or it is CTA 0. A CTA with none of these has no part in the receive's
 /// latency. CTA 0 always: it stamped the wait's end, so the receive's end is never before it (BinFinishedOp drops such
 /// a slot), also when no CTA had a message.
+/// kAfterSend: the receive phase of a launch with a send phase (ll_kernels.cu); false in the receive-only
+/// compilation (ll_kernels_recv.cu), whose code this flag leaves as it was.
+template <bool kAfterSend>
 __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& gate, uint8_t* smem) {
   const LlDeviceContext& c = p.ctx;
   const protocol::LlLayout& L = c.layout;
@@ -128,51 +131,62 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // opening to their first message in 1.9 us of a 7 us receive at T=1 (recv_trace, bench/RESULTS.md session 21). The
   // handle's CTA builds the table as before: it writes recv_count and layout_range and checks every count of the call.
   // The metrics' binning CTA takes the signal path too: ReceiveSignals bins.
-  const bool direct =
-      peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c) && AllSignalsPeeked(c, half, seq, T);
+  // After a send phase there is no peek (the gate was open), so every CTA waits for the signals; then only the
+  // handle's CTA builds the table (and a CTA without early counts or with rank masking), the others resolve rows as
+  // the direct path does, a lane reloading a word not yet tagged with the call. Together with the handle's CTA not
+  // publishing (FirstPublishedDst, ll_signals.cuh), the fused dispatch 0.93-0.98x at T = 1-256, one rank; the table in
+  // every CTA had been 0.5 us of its receive at T = 1 (bench/RESULTS.md sessions 56-58).
+  const bool table = !kAfterSend || writes_handle || !early || c.mask != nullptr;
+  const bool direct = !kAfterSend && peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c) &&
+                      AllSignalsPeeked(c, half, seq, T);
   if (!direct) {
     ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceSignals);
     if (*failed) return true;
-    // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not
-    // read. A word still not tagged with the call after the source's signal is a stale or overwritten block: rejected.
-    for (int i = tid; i < E; i += kThreads) {
-      const int sr = L.local_experts.Div(i);
-      uint32_t n = 0;
-      if (msg_count[sr] >= 0) {
-        uint64_t w = early ? words[half * E + i] : 0;
-        if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, sr, i - sr * E_loc));
-        n = protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
-      }
-      if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
-      words[half * E + i] = protocol::PackRouteCount(seq, n);
-    }
-    __syncthreads();
-    if (*failed) {
-      if (tid == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, *failed - 1, seq, -1);
-      return true;
-    }
-    if (writes_handle) {
-      // The expert-side plan's header and message counts (ExpertPlanArea; its entries come with the messages). Every
-      // dispatch writes the header, so a dispatch without combine_weights also retires the half's older plan.
-      const ExpertPlanArea xp{R, T};
-      const uint64_t key = p.carries_weights ? p.plan_key : 0;
-      if (tid == 0) StorePlanHeader(c.expert_plans + ExpertPlanArea::header(half), key, seq, p.num_tokens, p.num_topk);
-      for (int sr = tid; key != 0 && sr < R; sr += kThreads) {
-        reinterpret_cast<int*>(c.expert_plans + xp.counts(half))[sr] = max(msg_count[sr], 0);
-      }
-      for (int le = tid; le < E_loc; le += kThreads) {
-        int acc = 0;
-        for (int sr = 0; sr < R; ++sr) {
-          const int n = static_cast<int>(protocol::RouteCountValue(words[half * E + sr * E_loc + le]));
-          p.layout_range[int64_t{le} * R + sr] = protocol::PackLayoutRange(n, acc);
-          acc += n;
+    if (table) {
+      // The layout table. A masked source (msg_count -1, rank masking) sends nothing: its route block is stale, not
+      // read. A word still not tagged with the call after the source's signal is a stale or overwritten block:
+      // rejected.
+      for (int i = tid; i < E; i += kThreads) {
+        const int sr = L.local_experts.Div(i);
+        uint32_t n = 0;
+        if (msg_count[sr] >= 0) {
+          uint64_t w = early ? words[half * E + i] : 0;
+          if (protocol::RouteCountSeq(w) != seq) w = gpu::LoadRelaxedSys(count_word(half, sr, i - sr * E_loc));
+          n = protocol::RouteCountSeq(w) == seq ? protocol::RouteCountValue(w) : ~0u;
         }
-        p.recv_count[le] = acc;
-        if (p.cumulative_local_expert_recv_stats != nullptr) atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
-        if (c.metrics != nullptr)
-          AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
+        if (n > static_cast<uint32_t>(T)) failed[0] = 1 + sr;  // one source recorded, once, after the barrier
+        words[half * E + i] = protocol::PackRouteCount(seq, n);
+      }
+      __syncthreads();
+      if (*failed) {
+        if (tid == 0) RecordError(c, protocol::kDeviceBadMessage, LlOp::kDispatch, *failed - 1, seq, -1);
+        return true;
+      }
+      if (writes_handle) {
+        // The expert-side plan's header and message counts (ExpertPlanArea; its entries come with the messages). Every
+        // dispatch writes the header, so a dispatch without combine_weights also retires the half's older plan.
+        const ExpertPlanArea xp{R, T};
+        const uint64_t key = p.carries_weights ? p.plan_key : 0;
+        if (tid == 0)
+          StorePlanHeader(c.expert_plans + ExpertPlanArea::header(half), key, seq, p.num_tokens, p.num_topk);
+        for (int sr = tid; key != 0 && sr < R; sr += kThreads) {
+          reinterpret_cast<int*>(c.expert_plans + xp.counts(half))[sr] = max(msg_count[sr], 0);
+        }
+        for (int le = tid; le < E_loc; le += kThreads) {
+          int acc = 0;
+          for (int sr = 0; sr < R; ++sr) {
+            const int n = static_cast<int>(protocol::RouteCountValue(words[half * E + sr * E_loc + le]));
+            p.layout_range[int64_t{le} * R + sr] = protocol::PackLayoutRange(n, acc);
+            acc += n;
+          }
+          p.recv_count[le] = acc;
+          if (p.cumulative_local_expert_recv_stats != nullptr)
+            atomicAdd(&p.cumulative_local_expert_recv_stats[le], acc);
+          if (c.metrics != nullptr)
+            AddMetric(c, c.metrics_layout.expert_recv_tokens(p.layer, le), static_cast<uint64_t>(acc));
+        }
       }
     }
   } else {
@@ -187,7 +201,7 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
     const int i = src * E_loc + le;
     const uint64_t w = words[half * E + i];
     if (protocol::RouteCountSeq(w) == seq) return protocol::RouteCountValue(w);
-    // Only when direct (the table tags every word).
+    // Only without a table (the table tags every word).
     const uint64_t again = gpu::LoadRelaxedSys(count_word(half, src, le));
     return protocol::RouteCountSeq(again) == seq ? protocol::RouteCountValue(again) : ~0u;
   };
@@ -280,11 +294,33 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
     bool bad = has_sel && sel_le >= E_loc;
     const int count_le = has_sel && !bad ? sel_le : 0;
     uint32_t before = 0, n = 0;
+    if constexpr (kAfterSend) {
+      // After a send phase only the handle's CTA has a table, and the early words are often stale (a source's counts
+      // arrive after the CTA's receive started), so route_count reloads. The warp's lanes share the reloads: 2^ls
+      // lanes per source (8, or 16 for a message with more than 8 selections), lane (s, i) loading source s's count
+      // of selection i's expert, so a pass loads 32 >> ls sources' words at once where one lane would load them one
+      // after another (a message from source s waited for s + 1 reloads); lane i sums them from shuffles.
+      static_assert(kK <= 16, "a message's selections on lanes 0-15: lane i of every 2^ls-lane group is selection i");
+      const int ls = num_sel > 8 ? 4 : 3, i = lane & ((1 << ls) - 1);
+      const int le_i = gpu::WarpShfl(count_le, i);
 #pragma unroll 1
-    for (int s0 = 0; s0 <= src; ++s0) {
-      before += n;
-      n = route_count(s0, count_le);
-      bad |= has_sel && n > static_cast<uint32_t>(T);
+      for (int s_base = 0; s_base <= src; s_base += 32 >> ls) {
+        const int s = s_base + (lane >> ls);
+        const uint32_t w = s <= src ? route_count(s, le_i) : 0u;
+#pragma unroll 1
+        for (int u = 0; u < (32 >> ls) && s_base + u <= src; ++u) {
+          before += n;
+          n = gpu::WarpShfl(w, (u << ls) | i);
+          bad |= has_sel && n > static_cast<uint32_t>(T);
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int s0 = 0; s0 <= src; ++s0) {
+        before += n;
+        n = route_count(s0, count_le);
+        bad |= has_sel && n > static_cast<uint32_t>(T);
+      }
     }
     bad |= has_sel && r >= n;
     int64_t my_row = -1;

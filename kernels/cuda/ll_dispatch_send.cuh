@@ -70,7 +70,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // Route-block counts first, one destination per CTA counted from the last CTA (with T < G those CTAs have no
   // tokens, so counting overlaps the token work instead of following it).
   int k_dst = 0;
-  for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
+  for (int d = FirstPublishedDst(G); d < R; d += G, ++k_dst) {
     for (int i = tid; i < E_loc; i += kThreads) counts[i] = 0;
     if (tid == 0) sh->tokens_to_dst[k_dst] = 0;
     __syncthreads();
@@ -264,7 +264,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   }
   if (tid == 0) {  // the publishing thread's loop (the compiler still computes its trip count with one division)
     k_dst = 0;
-    for (int d = G - 1 - static_cast<int>(blockIdx.x); d < R; d += G, ++k_dst) {
+    for (int d = FirstPublishedDst(G); d < R; d += G, ++k_dst) {
       const auto n = static_cast<uint32_t>(sh->tokens_to_dst[k_dst]);
       PublishWhenDone(c, LlOp::kDispatch, half, d, n, seq, n, p.carries_weights);
     }

@@ -54,12 +54,12 @@ namespace llep::kernels::cuda {
 // and `llep::kernels::cuda::combine`.
 __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kDispatch, phase, smem, DispatchSend, DispatchRecv);
+  RunPhases(p, LlOp::kDispatch, phase, smem, DispatchSend, DispatchRecv<true>);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend<false>, CombineRecv<false>);
+  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend<false>, CombineRecv<false, true>);
 }
 
 // Metrics flush: a separate kernel so the two contract kernels keep their launch shape.

@@ -181,6 +181,9 @@ struct CarriedPlanArea {
 
 /// Warps of every low-latency kernel's CTA (kWarps of ll_device_common.cuh); host code sizes work splits with it.
 inline constexpr int kWarpsPerCta = 16;
+/// The per-(token, expert) combine send's pieces per row when it has few rows (CombineSendPerExpert): with rows *
+/// kRowPieces <= G on an NVLink-only buffer row m's piece j is on CTA m * kRowPieces + j, else row m on CTA m % G.
+inline constexpr int kRowPieces = 4;
 /// Tokens per CTA a dispatch keeps its plan for (one round: one per warp), so a dispatch of more than this times the
 /// CTAs keeps none (and cannot carry combine_weights: GpuBuffer::Dispatch refuses them).
 inline constexpr int kMaxCarriedPlanTokensPerCta = kWarpsPerCta;
@@ -334,6 +337,28 @@ struct CombineRecvSplit {
     c.per_token.multiplier = hi ? seg_chunks_hi.multiplier : seg_chunks_lo.multiplier;
     c.per_token.shift = hi ? seg_chunks_hi.shift : seg_chunks_lo.shift;
     return c;
+  }
+  /// After a send phase (a fused launch), CTA b's index for ForCta, with num_ranks ranks. The combine's send gives its
+  /// rows (or their pieces) to CTAs 0, 1, ... (kRowPieces) and the publishers are CTAs G-2-d (FirstPublishedDst), so a
+  /// CTA that starts its receive early, with nothing sent, is one below the publishers: the tokens go there, from CTA
+  /// G-2-R down, a token's segments side by side (at T = 1 on one rank the token's two segments were on CTAs 0 and 66,
+  /// and CTA 0, which had sent rows first, saw the signals 0.6-0.8 us after a CTA that had not and was the launch's
+  /// last CTA but one: recv_trace, bench/RESULTS.md session 57). Only where the sending CTAs, the tokens' and the
+  /// publishers fit in the grid side by side, the sending CTAs estimated from num_tokens * num_topk rows (a balanced
+  /// routing; the expert-side send has fewer): where they do not, every order puts tokens on CTAs that sent, and the
+  /// moved order measured 1.02-1.05x at T = 16 (one rank, bench/RESULTS.md session 58). A bijection of [0, num_ctas).
+  LLEP_HD int AfterSend(int b, int num_ranks, int num_tokens, int num_topk) const {
+    const int n_segs = static_cast<int>(segs.divisor), g_tok = static_cast<int>(token_ctas.divisor);
+    const int64_t rows = int64_t{num_tokens} * num_topk;
+    const int64_t senders = rows * kRowPieces <= num_ctas ? rows * kRowPieces : rows;
+    const int64_t token_ctas_used = int64_t{num_tokens < g_tok ? num_tokens : g_tok} * n_segs;
+    if (senders + token_ctas_used + num_ranks + 2 > num_ctas) return b;
+    const int top = num_ctas - 2 - num_ranks;  // >= 0: the test above
+    int k = top - b;
+    if (k < 0) k += num_ctas;
+    if (k >= g_tok * n_segs) return k;  // no token's segment: the indices the first g_tok * n_segs leave
+    const int slot = segs.Div(k);
+    return slot + (k - slot * n_segs) * g_tok;
   }
 };
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas);

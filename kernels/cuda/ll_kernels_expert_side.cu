@@ -13,7 +13,7 @@ namespace llep::kernels::cuda {
 
 static __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int phase) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend<true>, CombineRecv<true>);
+  RunPhases(p, LlOp::kCombine, phase, smem, CombineSend<true>, CombineRecv<true, true>);
 }
 
 CombineKernelFn ExpertSideCombineKernel() { return combine; }

@@ -7,7 +7,7 @@ namespace llep::kernels::cuda {
 
 static __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int /*phase*/) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend<true>, CombineRecv<true>);
+  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend<true>, CombineRecv<true, false>);
 }
 
 CombineKernelFn ReceiveOnlyExpertSideCombineKernel() { return combine; }

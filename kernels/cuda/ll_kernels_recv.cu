@@ -22,12 +22,12 @@ namespace llep::kernels::cuda {
 static __global__ void __launch_bounds__(kThreads, 1) dispatch(DispatchParams p, int /*phase*/) {
   extern __shared__ __align__(16) uint8_t smem[];
   // DispatchRecv records no error before its gate opens: no barrier before the call state's loads (SMALL_T_CODE.md 7).
-  RunPhases</*kPendingBeforeOpen=*/false>(p, LlOp::kDispatch, kPhaseRecv, smem, DispatchSend, DispatchRecv);
+  RunPhases</*kPendingBeforeOpen=*/false>(p, LlOp::kDispatch, kPhaseRecv, smem, DispatchSend, DispatchRecv<false>);
 }
 
 static __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, int /*phase*/) {
   extern __shared__ __align__(16) uint8_t smem[];
-  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend<false>, CombineRecv<false>);
+  RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend<false>, CombineRecv<false, false>);
 }
 
 DispatchKernelFn ReceiveOnlyDispatchKernel() { return dispatch; }

@@ -181,6 +181,17 @@ __device__ __forceinline__ void AddDone(const LlDeviceContext& c, LlOp op, int h
             1ull);
 }
 
+/// The first destination whose signal this CTA publishes in a send phase (then every G-th): CTA G-2-d publishes
+/// rank d's (the dispatch's counting CTA of d is the same CTA), CTA G-1 only ranks d = G-1, 2G-1, ... (none below G
+/// ranks). CTA G-1 has the receive phase's serial work after the signals (the dispatch's handle and table, the
+/// combine's count check), and a publisher starts its receive phase only after its signal is out: with both on one
+/// CTA it was a fused launch's last CTA at T = 1 (recv_trace, one rank: the dispatch's ended 8.5 us, where the CTAs
+/// with the items ended at 6.2-7.8; the combine's 7.4-7.7, a tokenless CTA 5.3-5.5; bench/RESULTS.md session 57).
+__device__ __forceinline__ int FirstPublishedDst(int G) {
+  const int d = G - 2 - static_cast<int>(blockIdx.x);
+  return d < 0 ? d + G : d;
+}
+
 /// `weights_rows`: a proxy destination's dispatch route block carries its messages' weights rows (a second write).
 __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int dst, uint32_t n, uint32_t seq,
                                 uint32_t adds, bool weights_rows) {

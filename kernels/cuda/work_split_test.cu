@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cuda/ll_kernels.h"
 
@@ -47,6 +48,51 @@ TEST(CombineRecvSplit, EqualsPlainDivisionAndCoversEveryChunkOnce) {
         ASSERT_EQ(reduced, T * chunks) << "H=" << hidden << " G=" << G << " T=" << T;
       }
     }
+  }
+}
+
+// After a send phase the CTAs take the tokens in another order (AfterSend): still every index once, so every
+// (token, chunk) once; where the send's CTAs, the tokens' and the publishers fit side by side, the tokens on the CTAs
+// just below the publishers (CTAs G-2-d), a token's segments side by side, away from CTAs 0, 1, ..., which the send
+// gives its rows to; elsewhere the plain order.
+TEST(CombineRecvSplit, AfterSendIsABijectionWithTheTokensBelowThePublishers) {
+  for (int hidden : {128, 4096, 7168}) {
+    for (int G : {1, 2, 3, 5, 16, 33, 64, 78, 132}) {
+      for (int R : {1, 2, 4, 8, 64, 200}) {
+        for (int T : {0, 1, 2, 4, 8, 16, 32, 128}) {
+          for (int k : {1, 8}) {
+            const CombineRecvSplit sp = PlanCombineRecvSplit(hidden, T, G);
+            std::vector<int> seen(G, 0);
+            for (int b = 0; b < G; ++b) {
+              const int l = sp.AfterSend(b, R, T, k);
+              ASSERT_GE(l, 0) << "H=" << hidden << " G=" << G << " R=" << R << " T=" << T << " b=" << b;
+              ASSERT_LT(l, G);
+              ++seen[l];
+            }
+            ASSERT_EQ(std::count(seen.begin(), seen.end(), 1), G) << "H=" << hidden << " G=" << G << " R=" << R;
+          }
+        }
+      }
+    }
+  }
+  // H = 7168, 132 CTAs, top-8. T = 1: 8 rows in 32 pieces on CTAs 0-31; the token's two segments on CTAs 129 and 128
+  // (one rank) or 128 and 127 (two). T = 8: 64 rows on CTAs 0-63, the 16 segments on CTAs 114-129 (one rank).
+  const auto token_ctas = [](int T, int R) {
+    const CombineRecvSplit sp = PlanCombineRecvSplit(7168, T, 132);
+    std::vector<int> ctas;
+    for (int b = 0; b < 132; ++b) {
+      if (sp.ForCta(sp.AfterSend(b, R, T, 8), T).num_tokens > 0) ctas.push_back(b);
+    }
+    return ctas;
+  };
+  for (int R : {1, 2}) ASSERT_EQ(token_ctas(1, R), (std::vector<int>{129 - R, 130 - R})) << "R=" << R;
+  std::vector<int> t8;
+  for (int b = 114; b < 130; ++b) t8.push_back(b);
+  ASSERT_EQ(token_ctas(8, 1), t8);
+  // Where they do not fit, the plain order: T = 4 (32 rows in 128 pieces), T = 16 (128 rows), 32, 128.
+  for (int T : {4, 16, 32, 128}) {
+    const CombineRecvSplit sp = PlanCombineRecvSplit(7168, T, 132);
+    for (int b = 0; b < 132; ++b) ASSERT_EQ(sp.AfterSend(b, 2, T, 8), b) << "T=" << T << " b=" << b;
   }
 }
 
