@@ -274,8 +274,9 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   __syncthreads();
   Trace(c, LlOp::kCombine, kTraceCounterDone);
   // CTA G-2-d publishes rank d's signal (FirstPublishedDst): in a send+receive launch the CTAs that hold this rank's
-  // tokens in the receive phase are below the publishers (CombineRecv), so with T < G they go on to plan their
-  // tokens instead of polling the counter first.
+  // tokens in the receive phase are other CTAs (just below the publishers where the grid has room,
+  // CombineRecvSplit::AfterSend, else from CTA 0), so with T < G they go on to plan their tokens instead of polling
+  // the counter first.
   for (int d = FirstPublishedDst(G); tid == 0 && d < R; d += G) {
     const int rows_d = rows_to(d);
     if (rows_d < 0) RecordError(c, protocol::kDeviceBadLayoutRange, LlOp::kCombine, d, seq, rows_for(d));

@@ -67,8 +67,8 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   Trace(c, LlOp::kDispatch, kTraceSendStart);
   uint8_t* const lane_peer = LanePeer(c);
 
-  // Route-block counts first, one destination per CTA counted from the last CTA (with T < G those CTAs have no
-  // tokens, so counting overlaps the token work instead of following it).
+  // Route-block counts first, one destination per CTA counted down from CTA G-2 (FirstPublishedDst; with T < G those
+  // CTAs have no tokens, so counting overlaps the token work instead of following it).
   int k_dst = 0;
   for (int d = FirstPublishedDst(G); d < R; d += G, ++k_dst) {
     for (int i = tid; i < E_loc; i += kThreads) counts[i] = 0;
