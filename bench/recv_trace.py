@@ -41,7 +41,6 @@ POINTS = ['send_start', 'counted', 'planned', 'stored', 'counter_done', 'publish
           'recv_planned', 'recv_end', 'encoded', 'fenced', 'entered', 'opened', 'call_read', 'polled']
 # In time order; a point the tree does not stamp is left out ('opened', the call state known, is newer than the rest).
 LAUNCH_SPREAD_NS = 20_000  # a launch's CTAs enter within a few µs of each other
-LINES_PER_T = 9  # _worker's lines per T and rank
 RECV = ['entered', 'recv_start', 'call_read', 'opened', 'recv_planned', 'signals', 'recv_end']
 
 
@@ -169,15 +168,16 @@ def _worker(rank, R, port, tokens, iters, spin):
     every = [None] * R
     dist.all_gather_object(every, out)
     if rank == 0:  # rank by rank, per T
-        for i in range(0, len(out), LINES_PER_T):
+        per_t = len(out) // len(tokens)  # _worker's lines per T (the same for every T and rank)
+        for i in range(0, len(out), per_t):
             for r in range(R):
-                print('\n'.join(every[r][i:i + LINES_PER_T]), flush=True)
+                print('\n'.join(every[r][i:i + per_t]), flush=True)
     dist.destroy_process_group()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--tokens', type=int, nargs='*', default=[1, 8, 32, 128])
+    ap.add_argument('--tokens', type=int, nargs='+', default=[1, 8, 32, 128])
     ap.add_argument('--iters', type=int, default=100)
     ap.add_argument('--ranks', type=int, default=1, help='ranks, one per GPU (default 1)')
     ap.add_argument('--spin-cycles', type=int, default=ARRIVAL_SPIN_CYCLES,
