@@ -67,6 +67,30 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   Trace(c, LlOp::kDispatch, kTraceSendStart);
   uint8_t* const lane_peer = LanePeer(c);
 
+  // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them. With few tokens on an NVLink-only buffer
+  // (T * P <= G, P = R rounded up to a power of two) each token is split by destination instead: CTA b takes token
+  // b / P and stores only its message to rank b % P, so a token's copies leave from up to R SMs at once rather than
+  // one after another from one (each copy plans the token: the plan is a function of topk_idx, all compute the same).
+  // At EP4 T=1 the stores were done 0.6-1.1 us earlier, the hook send 8.4 -> 7.1 us (bench/RESULTS.md session 42;
+  // kernels/SMALL_T_CODE.md rule 10). Not with proxy peers: their messages share one staged payload per token.
+  const int lgp = CeilLog2(static_cast<uint32_t>(R));
+  const bool split = c.proxy_region == nullptr && R > 1 && (p.num_tokens << lgp) <= G;
+  const int split_dst = split ? static_cast<int>(blockIdx.x) & ((1 << lgp) - 1) : -1;
+  const int tok0 = split ? static_cast<int>(blockIdx.x) >> lgp : static_cast<int>(blockIdx.x), stride = split ? 0 : G;
+  const int my_tokens = split ? (tok0 < p.num_tokens && split_dst < R ? 1 : 0)
+                        : p.num_tokens > static_cast<int>(blockIdx.x)
+                            ? static_cast<int>(c.grid.Div(p.num_tokens - blockIdx.x + G - 1))
+                            : 0;
+  // A counting CTA without tokens that counts one NVLink destination publishes its signal from the last warp's lane 0
+  // (no prefix or metrics work there), which goes to the poll once the counts are stored while warp 0 keeps the route
+  // prefix and the others add the metrics, instead of thread 0 reaching the poll after those and a CTA barrier. At T =
+  // 1 the publisher read the full counter 0.9 us after both its counts and the token CTA's adds were done (recv_trace,
+  // one rank: counted 3.78 us, the adds 3.78, polled 4.67; bench/RESULTS.md session 59).
+  const int first_dst = FirstPublishedDst(G);
+  const bool publish_in_count = my_tokens == 0 && first_dst < R && first_dst + G >= R &&
+                                c.peers[first_dst] != nullptr && E_loc <= (kWarps - 1) * 32;
+  constexpr int kCountPublisher = kThreads - 32;
+
   // Route-block counts first, one destination per CTA counted down from CTA G-2 (FirstPublishedDst; with T < G those
   // CTAs have no tokens, so counting overlaps the token work instead of following it).
   int k_dst = 0;
@@ -105,6 +129,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     for (int i = tid; i < E_loc; i += kThreads) {
       gpu::StoreRelaxedSys(remote_counts + i, protocol::PackRouteCount(seq, static_cast<uint32_t>(counts[i])));
     }
+    // publish_in_count: every thread's count stores before the signal's release (CTA barrier, cumulativity), and no
+    // barrier after the prefix and the metrics (one destination: the counts are not reused).
+    if (publish_in_count) __syncthreads();
     if (warp == 0) KeepRoutePrefix(c, half, d, counts, E_loc);
     if (c.metrics != nullptr) {  // selections sent to d: a warp reduction per 32 local experts
       for (int i0 = warp * 32; i0 < E_loc; i0 += kThreads) {
@@ -112,27 +139,13 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         if (lane == 0 && v != 0) AddMetric(c, c.metrics_layout.sent_selections(d), v);
       }
     }
-    __syncthreads();
+    if (!publish_in_count) __syncthreads();
     // The counts are ordered before d's signal, which this thread publishes: for an NVLink peer by that signal's
     // release store itself, for a proxy peer (the route block's write command is pushed before the signal) here.
     if (tid == 0 && peer_d == nullptr) FenceSys();
   }
   if (k_dst > 0) Trace(c, LlOp::kDispatch, kTraceCounted);
 
-  // Tokens of this CTA: b, b + G, ...; a round holds up to kWarps of them. With few tokens on an NVLink-only buffer
-  // (T * P <= G, P = R rounded up to a power of two) each token is split by destination instead: CTA b takes token
-  // b / P and stores only its message to rank b % P, so a token's copies leave from up to R SMs at once rather than
-  // one after another from one (each copy plans the token: the plan is a function of topk_idx, all compute the same).
-  // At EP4 T=1 the stores were done 0.6-1.1 us earlier, the hook send 8.4 -> 7.1 us (bench/RESULTS.md session 42;
-  // kernels/SMALL_T_CODE.md rule 10). Not with proxy peers: their messages share one staged payload per token.
-  const int lgp = CeilLog2(static_cast<uint32_t>(R));
-  const bool split = c.proxy_region == nullptr && R > 1 && (p.num_tokens << lgp) <= G;
-  const int split_dst = split ? static_cast<int>(blockIdx.x) & ((1 << lgp) - 1) : -1;
-  const int tok0 = split ? static_cast<int>(blockIdx.x) >> lgp : static_cast<int>(blockIdx.x), stride = split ? 0 : G;
-  const int my_tokens = split ? (tok0 < p.num_tokens && split_dst < R ? 1 : 0)
-                        : p.num_tokens > static_cast<int>(blockIdx.x)
-                            ? static_cast<int>(c.grid.Div(p.num_tokens - blockIdx.x + G - 1))
-                            : 0;
   for (int round = 0; round < my_tokens; round += kWarps) {
     const int n = min(kWarps, my_tokens - round);
     // Items: (token, chunk) payload pieces plus one header item per token (c.send_items = num_chunks + 1 of them). A
@@ -262,7 +275,8 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       KeepPlanEntry(c, half, tok0 + tw * stride, K, lane, sh->plan[tw], p.topk_weights);
     }
   }
-  if (tid == 0) {  // the publishing thread's loop (the compiler still computes its trip count with one division)
+  // The publishing thread's loop (the compiler still computes its trip count with one division).
+  if (tid == (publish_in_count ? kCountPublisher : 0)) {
     k_dst = 0;
     for (int d = FirstPublishedDst(G); d < R; d += G, ++k_dst) {
       const auto n = static_cast<uint32_t>(sh->tokens_to_dst[k_dst]);
