@@ -294,7 +294,7 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
       if ((seq = gate.Open()) == 0) return false;
       // Each expert rank must return exactly the rows this rank routed to it.
       ReceiveSignals(c, LlOp::kCombine, protocol::HalfOfSeq(seq), seq, L.combine_rows_per_src, p.wait_recv_cost_stats,
-                     got, failed, peeked);
+                     got, failed, peeked, kAfterSend);
       __syncthreads();
       Trace(c, LlOp::kCombine, kTraceSignals);
       StampWaitEnd(c, seq);

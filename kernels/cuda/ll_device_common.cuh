@@ -274,15 +274,19 @@ __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_
 /// binning cost 1.1 us of combine receive at T=1 on 4xH200), nor CTA G-1, which has its own serial work after the
 /// signals (the dispatch's handle and table, the combine's count check) and ended small-T receives with the binning
 /// before its barrier (bench/RESULTS.md sessions 22-25). With T < G CTA G-2 has no tokens.
-__device__ __forceinline__ bool BinningCta(const LlDeviceContext& c) {
-  return c.metrics != nullptr && blockIdx.x == (gridDim.x >= 2 ? gridDim.x - 2 : 0);
+/// After a send phase (a fused launch, `after_send`) CTA G-1 instead: CTA G-2 publishes rank 0's signal there
+/// (FirstPublishedDst) and so starts its receive last, and binning after that made it the fused combine's last CTA at
+/// T = 1 (recv_trace, one rank: 7.26 us, the token's CTAs 5.66-6.72; bench/RESULTS.md session 59), while CTA G-1,
+/// which publishes nothing, starts its receive early and bins while it waits for the signals (no peek there).
+__device__ __forceinline__ bool BinningCta(const LlDeviceContext& c, bool after_send) {
+  return c.metrics != nullptr && blockIdx.x == (gridDim.x >= 2 ? gridDim.x - (after_send ? 1 : 2) : 0);
 }
-__device__ __forceinline__ bool BinsMetrics(const LlDeviceContext& c) {
-  return threadIdx.x >= kThreads - kStampSlots && BinningCta(c);
+__device__ __forceinline__ bool BinsMetrics(const LlDeviceContext& c, bool after_send) {
+  return threadIdx.x >= kThreads - kStampSlots && BinningCta(c, after_send);
 }
 /// A receive phase's binning (the BinsMetrics threads; `seq` its own call, not binned).
-__device__ __forceinline__ void ReceiveBinning(const LlDeviceContext& c, uint32_t seq) {
-  if (BinsMetrics(c)) BinFinishedOp(c, static_cast<int>(threadIdx.x) - (kThreads - kStampSlots), seq);
+__device__ __forceinline__ void ReceiveBinning(const LlDeviceContext& c, uint32_t seq, bool after_send) {
+  if (BinsMetrics(c, after_send)) BinFinishedOp(c, static_cast<int>(threadIdx.x) - (kThreads - kStampSlots), seq);
 }
 
 }  // namespace

@@ -137,10 +137,10 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // publishing (FirstPublishedDst, ll_signals.cuh), the fused dispatch 0.93-0.98x at T = 1-256, one rank; the table in
   // every CTA had been 0.5 us of its receive at T = 1 (bench/RESULTS.md sessions 56-58).
   const bool table = !kAfterSend || writes_handle || !early || c.mask != nullptr;
-  const bool direct = !kAfterSend && peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c) &&
+  const bool direct = !kAfterSend && peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c, false) &&
                       AllSignalsPeeked(c, half, seq, T);
   if (!direct) {
-    ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked);
+    ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked, kAfterSend);
     __syncthreads();
     Trace(c, LlOp::kDispatch, kTraceSignals);
     if (*failed) return true;

@@ -104,10 +104,10 @@ __device__ __forceinline__ bool AllSignalsPeeked(const LlDeviceContext& c, int h
 /// With rank masking a masked source is not waited for, a silent one is masked (AgreeOnSource), and values[src] is -1
 /// for both. The caller synchronises the CTA before reading values.
 __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint32_t seq, int64_t max_value,
-                               int64_t* wait_stats, int* values, int* failed, bool peeked) {
+                               int64_t* wait_stats, int* values, int* failed, bool peeked, bool after_send) {
   // Metrics: the binning CTA's threads bin earlier operations' latencies meanwhile (BinsMetrics), and CTA 0 accounts
   // the waits.
-  ReceiveBinning(c, seq);
+  ReceiveBinning(c, seq, after_send);
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     int64_t v;
@@ -156,18 +156,18 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
 /// without entering it (nothing was waited for: no wait statistics to add). WaitAllSources's path for a peeked signal
 /// jumps over its masking, proxy and polling code, each jump to cold instructions: in the combine receive thread 0
 /// spent 1.2 us in it at T=1 and 2.4 us at T=128 with every signal peeked (recv_trace, bench/RESULTS.md session 23).
-/// The metrics binning runs either way.
+/// The metrics binning runs either way (`after_send`: the launch ran a send phase, BinningCta).
 __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op, int half, uint32_t seq,
                                                int64_t max_value, int64_t* wait_stats, int* values, int* failed,
-                                               bool peeked) {
+                                               bool peeked, bool after_send) {
   if (peeked && c.mask == nullptr && AllSignalsPeeked(c, half, seq, max_value)) {
     for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
       values[src] = static_cast<int>(protocol::SignalValue(g_peeked_signals[half][src]));
     }
-    ReceiveBinning(c, seq);
+    ReceiveBinning(c, seq, after_send);
     return;
   }
-  WaitAllSources(c, op, half, seq, max_value, wait_stats, values, failed, peeked);
+  WaitAllSources(c, op, half, seq, max_value, wait_stats, values, failed, peeked, after_send);
 }
 
 // Completion of an operation towards one destination: a 64-bit counter per (half, op, dst) (LlDeviceContext::done)
