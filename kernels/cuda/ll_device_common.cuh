@@ -276,7 +276,7 @@ __device__ __forceinline__ void StampRecvStart(const LlDeviceContext& c, uint32_
 /// before its barrier (bench/RESULTS.md sessions 22-25). With T < G CTA G-2 has no tokens.
 /// After a send phase (a fused launch, `after_send`) CTA G-1 instead: CTA G-2 publishes rank 0's signal there
 /// (FirstPublishedDst) and so starts its receive last, and binning after that made it the fused combine's last CTA at
-/// T = 1 (recv_trace, one rank: 7.26 us, the token's CTAs 5.66-6.72; bench/RESULTS.md session 59), while CTA G-1,
+/// T = 1 (recv_trace, one rank: 7.26 us, the other CTAs 5.66-6.72; bench/RESULTS.md session 59), while CTA G-1,
 /// which publishes nothing, starts its receive early and bins while it waits for the signals (no peek there).
 __device__ __forceinline__ bool BinningCta(const LlDeviceContext& c, bool after_send) {
   return c.metrics != nullptr && blockIdx.x == (gridDim.x >= 2 ? gridDim.x - (after_send ? 1 : 2) : 0);

@@ -226,7 +226,8 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // an item splits into (message, segment) and a segment into slices by shifts: the runtime divisions did that in ~100
   // instructions, run once per item from a cold instruction cache (bench/RESULTS.md session 22).
   // Items go to the CTAs before G-2 (all of them below 4): CTA G-1 builds the table and writes the handle and CTA G-2
-  // bins the metrics (BinningCta) before their first item could start.
+  // bins the metrics (BinningCta) before their first item could start; after a send phase CTA G-2 publishes rank 0's
+  // signal instead and starts its receive last (FirstPublishedDst).
   const int G_items = G >= 4 ? G - 2 : G;
   const int lg0 = CeilLog2(static_cast<uint32_t>((slices + kRecvCopyRegs - 1) / kRecvCopyRegs));
   const int lg = SplitLog2(total, G_items, lg0, FloorLog2(static_cast<uint32_t>(slices)));
