@@ -94,7 +94,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // Route-block counts first, one destination per CTA counted down from CTA G-2 (FirstPublishedDst; with T < G those
   // CTAs have no tokens, so counting overlaps the token work instead of following it).
   int k_dst = 0;
-  for (int d = FirstPublishedDst(G); d < R; d += G, ++k_dst) {
+  for (int d = first_dst; d < R; d += G, ++k_dst) {
     for (int i = tid; i < E_loc; i += kThreads) counts[i] = 0;
     if (tid == 0) sh->tokens_to_dst[k_dst] = 0;
     __syncthreads();
@@ -278,7 +278,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // The publishing thread's loop (the compiler still computes its trip count with one division).
   if (tid == (publish_in_count ? kCountPublisher : 0)) {
     k_dst = 0;
-    for (int d = FirstPublishedDst(G); d < R; d += G, ++k_dst) {
+    for (int d = first_dst; d < R; d += G, ++k_dst) {
       const auto n = static_cast<uint32_t>(sh->tokens_to_dst[k_dst]);
       PublishWhenDone(c, LlOp::kDispatch, half, d, n, seq, n, p.carries_weights);
     }
