@@ -45,8 +45,9 @@ __device__ __forceinline__ void RunPhases(const Params& p, LlOp op, int phase, u
   if (phase & kPhaseSend) {
     send(p, gate, smem);
     if (gate.Open() == 0) return;  // refused (recorded) or aborted: this launch did nothing
-    // Not thread 0: a CTA's thread 0 may poll a completion counter to publish a signal (FirstPublishedDst), and the
-    // record store need not wait for that (it only has to land before the launch ends).
+    // Not thread 0: a CTA's thread 0 (or, counting without tokens, its last warp's lane 0: DispatchSend) may poll a
+    // completion counter to publish a signal (FirstPublishedDst), and the record store need not wait for that (it only
+    // has to land before the launch ends).
     if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 32) TrackSend(c, op, phase, p.call_tag, gate.launch_index());
   }
   if (phase & kPhaseRecv) {
