@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compares the CUDA kernels' machine code of the working tree with that of a git revision, without a GPU: compiles
-# each kernel translation unit (kernels/cuda/ll_kernels.cu, and ll_kernels_recv.cu and the expert-side combine's
-# ll_kernels_expert_side*.cu where a tree has them) to a cubin
+# each kernel translation unit (kernels/cuda/ll_kernels.cu, and ll_kernels_recv.cu, the NVLink-only compilations
+# ll_kernels_nvlink*.cu and the expert-side combine's ll_kernels_expert_side*.cu where a tree has them) to a cubin
 # (sm_90a, -O3, as the build does) for both and compares every kernel's .text section byte for byte, unit by unit
 # (the receive-only unit's kernels carry the main unit's kernel names). Exit 0 and "identical" when a change (e.g. the
 # HIP portability layer, kernels/HIP_PORT.md) left the CUDA kernels exactly as they were; otherwise names the kernels
@@ -22,7 +22,8 @@ cubin() {  # $1 = source root, $2 = unit, $3 = output; an empty output where the
 }
 sections() { readelf -SW "$1" 2>/dev/null | grep -o '\.text\.[^ ]*' | sort -u; }
 rc=0
-for unit in ll_kernels ll_kernels_recv ll_kernels_expert_side ll_kernels_expert_side_recv; do
+for unit in ll_kernels ll_kernels_recv ll_kernels_nvlink ll_kernels_nvlink_recv ll_kernels_expert_side \
+  ll_kernels_expert_side_recv; do
   cubin "$tmp/base" "$unit" "$tmp/base.cubin"
   cubin "$PWD" "$unit" "$tmp/new.cubin"
   for s in $(sort -u <(sections "$tmp/base.cubin") <(sections "$tmp/new.cubin")); do

@@ -1,8 +1,8 @@
 // The combine receive phase: the deterministic fp32 top-k reduction of the returned rows (CombineRecv), or of the
 // expert ranks' reduced rows for an expert-side combine (kernels/EXPERT_SIDE_COMBINE.md).
-// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
-// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
-// a reader can hold each part.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into each translation unit that compiles
+// kernels, kernels/cuda/ll_kernels*.cu; each part reopens the same private namespace): split by phase so a reader can
+// hold each part.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"

@@ -1,9 +1,9 @@
 // The combine send phase: the rows of each (local expert, home rank) block back to their tokens' ranks (CombineSend),
 // and the expert-side combine's send, one reduced row per (token, rank) (CombineSendReduced,
 // kernels/EXPERT_SIDE_COMBINE.md).
-// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
-// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
-// a reader can hold each part.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into each translation unit that compiles
+// kernels, kernels/cuda/ll_kernels*.cu; each part reopens the same private namespace): split by phase so a reader can
+// hold each part.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"
@@ -43,8 +43,7 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
   const MessageScan scan = ScanMessages(count, R);
   const int total = scan.total;
   const int chunks = (H + 255) / 256;
-  const int lg =
-      c.proxy_region == nullptr ? SplitLog2(total, G * kWarps, 0, FloorLog2(static_cast<uint32_t>(chunks))) : 0;
+  const int lg = !HasProxy(c) ? SplitLog2(total, G * kWarps, 0, FloorLog2(static_cast<uint32_t>(chunks))) : 0;
   // An item's message: its home rank d, token t, selections n, and lane i's row and weight of selection i. The warp's
   // first item is loaded before the gate opens (the plan is an earlier launch's; nothing is written before the gate).
   struct Item {
@@ -83,8 +82,9 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
     const int g = item & ((1 << lg) - 1), d = cur.d, t = cur.t, n = cur.n, row_l = cur.row;
     const float w_l = cur.w;
     uint8_t* const peer = PeerBase(c, lane_peer, d);
-    uint8_t* const dst = peer != nullptr ? peer + L.CombineRecvOffset(half, c.rank, t)
-                                         : c.proxy_region + L.CombinePartOffset(half, d, t);
+    const bool via_proxy = HasProxy(c) && peer == nullptr;
+    uint8_t* const dst =
+        !via_proxy ? peer + L.CombineRecvOffset(half, c.rank, t) : c.proxy_region + L.CombinePartOffset(half, d, t);
     for (int q = (g * chunks) >> lg; q < (((g + 1) * chunks) >> lg); ++q) {
       const int c0 = q * 256 + lane * 8;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -106,8 +106,8 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
     }
     gpu::WarpSync();
     if (lane == 0) {
-      FenceBeforeCount(peer == nullptr);
-      if (peer == nullptr) {
+      FenceBeforeCount(via_proxy);
+      if (via_proxy) {
         PushCmd(c, d,
                 protocol::MakeWriteCmd(LlOp::kCombine, half, d, L.CombinePartOffset(half, d, t),
                                        L.CombineRecvOffset(half, c.rank, t), protocol::CombineRowBytes(H)),
@@ -212,7 +212,7 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
   // stays as it was: the pieces folded into that loop made every T slower, unsplit T=256 too
   // (bench/experiments/combine-send-row-pieces.patch). Like this, at T=1 on 4 x H200: combine kernel 11.6 -> 11.1 us,
   // hook combine send 7.2 -> 6.8 (0.98x DeepEP's), other T level (bench/RESULTS.md session 43).
-  const bool pieces = c.proxy_region == nullptr && pos_total * kRowPieces <= G;
+  const bool pieces = !HasProxy(c) && pos_total * kRowPieces <= G;
   if (pieces) {
     const int64_t piece = protocol::AlignUp((row_bytes + kRowPieces - 1) / kRowPieces, 512);
     for (int q = warp * G + blockIdx.x; q < pos_total * kRowPieces; q += G * kWarps) {
@@ -240,8 +240,9 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
     const auto [blk, d, le, i, src_row, src] = row_at(m);
     const int64_t recv_off = L.CombineRecvOffset(half, c.rank, pos[blk] - pos[blk - le] + i);
     uint8_t* const peer = PeerBase(c, lane_peer, d);
+    const bool via_proxy = HasProxy(c) && peer == nullptr;
     // A proxy peer's row is staged in c_send of this half (a zero-copy row is in kZeroCopyHalf of the GPU region).
-    uint8_t* dst = peer != nullptr ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
+    uint8_t* dst = !via_proxy ? peer + recv_off : c.proxy_region + L.CombineSendOffset(half, le, src_row);
     const int64_t bytes = rows_to(d) < 0 ? 0 : row_bytes;  // a refused destination: nothing sent, nothing counted
     for (int64_t base = 0; base < bytes; base += kCopyPassBytes) {
       const int pass = static_cast<int>(min(bytes - base, kCopyPassBytes));
@@ -251,8 +252,8 @@ __device__ __forceinline__ void CombineSendPerExpert(const CombineParams& p, Cal
     }
     gpu::WarpSync();
     if (lane == 0 && bytes != 0) {
-      FenceBeforeCount(peer == nullptr);
-      if (peer == nullptr) {
+      FenceBeforeCount(via_proxy);
+      if (via_proxy) {
         // One write per (local expert, destination) block, not per row: the block is contiguous in the staging and
         // at the destination (row stride on both sides), and messages, not bytes, bound proxy transports (per-row
         // writes measured in bench/RESULTS.md). The warp that stages the block's last row sends it; the acquire

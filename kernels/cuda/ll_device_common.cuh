@@ -1,8 +1,8 @@
 // What every phase of the low-latency kernels uses: launch constants, the memory model, error records, proxy FIFO
 // pushes and metrics stamps (the signal protocol built on them: ll_signals.cuh).
-// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
-// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
-// a reader can hold each part.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into each translation unit that compiles
+// kernels, kernels/cuda/ll_kernels*.cu; each part reopens the same private namespace): split by phase so a reader can
+// hold each part.
 #pragma once
 
 #include <cstddef>
@@ -155,9 +155,31 @@ __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
 
 // ------------------------------------------------------------------------------------------ proxy peers
 
+/// Whether the buffer has proxy peers (HasProxy) / rank masking on (HasMask): false by construction in the
+/// NVLink-only compilations (LLEP_LL_NVLINK_ONLY, ll_kernels_nvlink.cu), which the launchers pick for a buffer with
+/// neither, so that those kernels carry none of the proxy's and the masking's code in line on their paths
+/// (kernels/SMALL_T_CODE.md: a jump over in-line code costs a fetch from far away). Every test of either in the device
+/// code goes through these two.
+__device__ __forceinline__ bool HasProxy(const LlDeviceContext& c) {
+#if defined(LLEP_LL_NVLINK_ONLY)
+  (void)c;
+  return false;
+#else
+  return c.proxy_region != nullptr;
+#endif
+}
+__device__ __forceinline__ bool HasMask(const LlDeviceContext& c) {
+#if defined(LLEP_LL_NVLINK_ONLY)
+  (void)c;
+  return false;
+#else
+  return c.mask != nullptr;
+#endif
+}
+
 /// Rank r is reached through the proxy (no mapped region). One load, skipped when the buffer has no proxy peers.
 __device__ __forceinline__ bool IsProxyPeer(const LlDeviceContext& c, int r) {
-  return c.proxy_region != nullptr && c.peers[r] == nullptr;
+  return HasProxy(c) && c.peers[r] == nullptr;
 }
 
 /// The region a source's signal and data arrive in: proxy sources deliver into proxy_region (ll_kernels.h).

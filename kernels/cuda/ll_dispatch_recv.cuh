@@ -1,7 +1,7 @@
 // The dispatch receive phase: signals, packed layout, payload fan-out to rows, scales (DispatchRecv).
-// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
-// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
-// a reader can hold each part.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into each translation unit that compiles
+// kernels, kernels/cuda/ll_kernels*.cu; each part reopens the same private namespace): split by phase so a reader can
+// hold each part.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"
@@ -55,7 +55,7 @@ __device__ __forceinline__ ScaleWord LoadScaleWord(const float* scales, int per_
 /// Whether the dispatch receive loads the route counts early (DispatchRecv): all sources NVLink peers (a proxy
 /// source's block is in host memory, read once, after its signal) and one word per thread.
 __device__ __forceinline__ bool DispatchRecvEarlyCounts(const LlDeviceContext& c) {
-  return c.proxy_region == nullptr && c.layout.shape.num_experts <= kMaxEarlyRouteCounts;
+  return !HasProxy(c) && c.layout.shape.num_experts <= kMaxEarlyRouteCounts;
 }
 
 /// The dispatch receive (one launch; every CTA):
@@ -136,8 +136,8 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // the direct path does, a lane reloading a word not yet tagged with the call. Together with the handle's CTA not
   // publishing (FirstPublishedDst, ll_signals.cuh), the fused dispatch 0.93-0.98x at T = 1-256, one rank; the table in
   // every CTA had been 0.5 us of its receive at T = 1 (bench/RESULTS.md sessions 56-58).
-  const bool table = !kAfterSend || writes_handle || !early || c.mask != nullptr;
-  const bool direct = !kAfterSend && peeked && early && c.mask == nullptr && !writes_handle && !BinningCta(c, false) &&
+  const bool table = !kAfterSend || writes_handle || !early || HasMask(c);
+  const bool direct = !kAfterSend && peeked && early && !HasMask(c) && !writes_handle && !BinningCta(c, false) &&
                       AllSignalsPeeked(c, half, seq, T);
   if (!direct) {
     ReceiveSignals(c, LlOp::kDispatch, half, seq, T, p.wait_recv_cost_stats, msg_count, failed, peeked, kAfterSend);

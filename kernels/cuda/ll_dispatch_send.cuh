@@ -1,7 +1,7 @@
 // The dispatch send phase: route counts, token plans, encoded payload stores, completion, signals (DispatchSend).
-// Part of the kernels' device code (ll_run_phases.cuh includes the parts into the two translation units that compile
-// the kernels, ll_kernels.cu and ll_kernels_recv.cu; each part reopens the same private namespace): split by phase so
-// a reader can hold each part.
+// Part of the kernels' device code (ll_run_phases.cuh includes the parts into each translation unit that compiles
+// kernels, kernels/cuda/ll_kernels*.cu; each part reopens the same private namespace): split by phase so a reader can
+// hold each part.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"
@@ -74,7 +74,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // At EP4 T=1 the stores were done 0.6-1.1 us earlier, the hook send 8.4 -> 7.1 us (bench/RESULTS.md session 42;
   // kernels/SMALL_T_CODE.md rule 10). Not with proxy peers: their messages share one staged payload per token.
   const int lgp = CeilLog2(static_cast<uint32_t>(R));
-  const bool split = c.proxy_region == nullptr && R > 1 && (p.num_tokens << lgp) <= G;
+  const bool split = !HasProxy(c) && R > 1 && (p.num_tokens << lgp) <= G;
   const int split_dst = split ? static_cast<int>(blockIdx.x) & ((1 << lgp) - 1) : -1;
   const int tok0 = split ? static_cast<int>(blockIdx.x) >> lgp : static_cast<int>(blockIdx.x), stride = split ? 0 : G;
   const int my_tokens = split ? (tok0 < p.num_tokens && split_dst < R ? 1 : 0)
@@ -88,7 +88,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
   // one rank: counted 3.78 us, the adds 3.78, polled 4.67; bench/RESULTS.md session 59).
   const int first_dst = FirstPublishedDst(G);
   const bool publish_in_count = my_tokens == 0 && first_dst < R && first_dst + G >= R &&
-                                c.peers[first_dst] != nullptr && E_loc <= (kWarps - 1) * 32;
+                                (!HasProxy(c) || c.peers[first_dst] != nullptr) && E_loc <= (kWarps - 1) * 32;
   constexpr int kCountPublisher = kThreads - 32;
 
   // Route-block counts first, one destination per CTA counted down from CTA G-2 (FirstPublishedDst; with T < G those
@@ -124,8 +124,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
                       p.num_tokens, K);
     }
     uint8_t* const peer_d = c.peers[d];  // proxy peer (null): counts are staged in the route block sent at publish
-    auto* remote_counts = reinterpret_cast<uint64_t*>(peer_d != nullptr ? peer_d + L.RouteRecvOffset(half, c.rank)
-                                                                        : c.proxy_region + L.RouteSendOffset(half, d));
+    const bool d_via_proxy = HasProxy(c) && peer_d == nullptr;
+    auto* remote_counts = reinterpret_cast<uint64_t*>(!d_via_proxy ? peer_d + L.RouteRecvOffset(half, c.rank)
+                                                                   : c.proxy_region + L.RouteSendOffset(half, d));
     for (int i = tid; i < E_loc; i += kThreads) {
       gpu::StoreRelaxedSys(remote_counts + i, protocol::PackRouteCount(seq, static_cast<uint32_t>(counts[i])));
     }
@@ -142,7 +143,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
     if (!publish_in_count) __syncthreads();
     // The counts are ordered before d's signal, which this thread publishes: for an NVLink peer by that signal's
     // release store itself, for a proxy peer (the route block's write command is pushed before the signal) here.
-    if (tid == 0 && peer_d == nullptr) FenceSys();
+    if (tid == 0 && d_via_proxy) FenceSys();
   }
   if (k_dst > 0) Trace(c, LlOp::kDispatch, kTraceCounted);
 
@@ -186,8 +187,9 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         for (unsigned m = pl.opens; m != 0; m &= m - 1) {
           const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* const base = PeerBase(c, lane_peer, d);
-          to_proxy |= base == nullptr;
-          if (base == nullptr || !active) continue;
+          const bool via_proxy = HasProxy(c) && base == nullptr;
+          to_proxy |= via_proxy;
+          if (via_proxy || !active) continue;
           store(base + L.DispatchRecvOffset(half, c.rank, pl.slot[k], fp8));
         }
         // Proxy destinations share one staged copy of the payload; each gets its own write command after the round.
@@ -208,6 +210,7 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
         for (unsigned m = pl.opens; m != 0; m &= m - 1) {
           const int k = __ffs(m) - 1, d = pl.dst[k];
           uint8_t* const base = PeerBase(c, lane_peer, d);
+          const bool via_proxy = HasProxy(c) && base == nullptr;
           const unsigned on_d = gpu::WarpBallot(dj == d);  // bit j: slot j selects an expert on d
           const int num_sel = __popc(on_d);
           uint32_t words[4];
@@ -228,8 +231,8 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
             if (wd == 2) words[i] = seq;
             if (wd == 3) words[i] = (fp8 ? protocol::kMsgFlagFp8 : 0u) | (weights ? protocol::kMsgFlagWeights : 0u);
           }
-          const int64_t block = base != nullptr ? L.RouteRecvOffset(half, c.rank) : L.RouteSendOffset(half, d);
-          uint8_t* const at = (base != nullptr ? base : c.proxy_region) +
+          const int64_t block = !via_proxy ? L.RouteRecvOffset(half, c.rank) : L.RouteSendOffset(half, d);
+          uint8_t* const at = (!via_proxy ? base : c.proxy_region) +
                               (lane < 5 ? L.RouteHeaderOffset(block, pl.slot[k]) + lane * 16
                                         : L.RouteWeightsOffset(block, pl.slot[k]) + (lane - 5) * 16);
           St16(at, make_uint4(words[0], words[1], words[2], words[3]));
@@ -243,12 +246,12 @@ __device__ __forceinline__ void DispatchSend(const DispatchParams& p, CallGate& 
       // after a fence that follows the CTA barrier (FenceBeforeCount; with proxy peers a system-scope one, which also
       // orders the staged payloads before their commands).
       const bool mine = lane < n;
-      if (mine) FenceBeforeCount(c.proxy_region != nullptr);
+      if (mine) FenceBeforeCount(HasProxy(c));
       if (round == 0) Trace(c, LlOp::kDispatch, kTraceFenced);
       const TokenPlan& pl = sh->plan[mine ? lane : 0];
       const int t = tok0 + (round + lane) * stride;
       const unsigned opens = mine ? pl.opens : 0u;
-      if (c.proxy_region != nullptr) {
+      if (HasProxy(c)) {
         for (int k = 0; k < K; ++k) {  // warp-uniform: the k-th selection of every lane's token
           const int d = ((opens >> k) & 1u) ? pl.dst[k] : -1;
           const bool push = d >= 0 && IsProxyPeer(c, d);

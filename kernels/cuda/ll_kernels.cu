@@ -33,8 +33,10 @@
 // publishing), ll_call_gate.cuh (the graph-safe call state, read while a phase's first work runs), ll_routing.cuh
 // (topk validation, token plans, scans, bf16 sums, FP8 encoder), ll_dispatch_send.cuh, ll_dispatch_recv.cuh,
 // ll_combine_send.cuh and ll_combine_recv.cuh (the phases), ll_run_phases.cuh (a launch's phases behind the gate),
-// this file (the two kernels, the launchers) and ll_kernels_recv.cu (the same two kernels compiled for a receive-only
-// launch: ll_kernels.h). Two translation units, each including the parts. The same sources build for AMD GPUs with
+// this file (the two kernels, the launchers), ll_kernels_recv.cu (the same two kernels compiled for a receive-only
+// launch: ll_kernels.h), those two again for a buffer of NVLink peers only that masks no rank (ll_kernels_nvlink*.cu,
+// picked by the launchers: ll_kernels_nvlink.cu says why) and ll_kernels_expert_side*.cu (the expert-side combine's).
+// Six translation units, each including the parts. The same sources build for AMD GPUs with
 // hipcc (LLEP_GPU=hip): runtime/protocol/gpu_port.h maps the device intrinsics, runtime/protocol/gpu_api.h the runtime
 // API; kernels/HIP_PORT.md.
 #include <algorithm>
@@ -87,9 +89,10 @@ int64_t CombineSharedBytes(const protocol::LlShape& s) {
 
 namespace {
 /// Every kernel launched, as the untyped pointers both CUDA's and HIP's attribute calls take: this file's two, their
-/// receive-only compilations (ll_kernels_recv.cu), then the expert-side combine's two (ll_kernels_expert_side*.cu), in
-/// LlLaunchHandles' order. fn(index, kernel) for each, until one fails.
-constexpr int kNumKernels = 6;
+/// receive-only compilations (ll_kernels_recv.cu), the expert-side combine's two (ll_kernels_expert_side*.cu), then
+/// the first four compiled for NVLink-only buffers (ll_kernels_nvlink*.cu), in LlLaunchHandles' order. fn(index,
+/// kernel) for each, until one fails.
+constexpr int kNumKernels = 10;
 template <typename Fn>
 cudaError_t ForEachKernel(Fn&& fn) {
   const void* const all[kNumKernels] = {reinterpret_cast<const void*>(dispatch),
@@ -97,7 +100,11 @@ cudaError_t ForEachKernel(Fn&& fn) {
                                         reinterpret_cast<const void*>(ReceiveOnlyDispatchKernel()),
                                         reinterpret_cast<const void*>(ReceiveOnlyCombineKernel()),
                                         reinterpret_cast<const void*>(ExpertSideCombineKernel()),
-                                        reinterpret_cast<const void*>(ReceiveOnlyExpertSideCombineKernel())};
+                                        reinterpret_cast<const void*>(ReceiveOnlyExpertSideCombineKernel()),
+                                        reinterpret_cast<const void*>(NvlinkOnlyDispatchKernel()),
+                                        reinterpret_cast<const void*>(NvlinkOnlyCombineKernel()),
+                                        reinterpret_cast<const void*>(NvlinkOnlyReceiveDispatchKernel()),
+                                        reinterpret_cast<const void*>(NvlinkOnlyReceiveCombineKernel())};
   for (int i = 0; i < kNumKernels; ++i) {
     const cudaError_t e = fn(i, all[i]);
     if (e != cudaSuccess) return e;
@@ -136,8 +143,9 @@ cudaError_t ResolveLlLaunch(LlLaunchHandles* out) {
   cudaDriverEntryPointQueryResult found{};
   cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &h.launch, 12000, cudaEnableDefault, &found);
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || h.launch == nullptr) return e;
-  void** const handles[kNumKernels] = {&h.dispatch,     &h.combine,    &h.dispatch_recv,
-                                       &h.combine_recv, &h.combine_es, &h.combine_es_recv};
+  void** const handles[kNumKernels] = {&h.dispatch,         &h.combine,         &h.dispatch_recv, &h.combine_recv,
+                                       &h.combine_es,       &h.combine_es_recv, &h.dispatch_nv,   &h.combine_nv,
+                                       &h.dispatch_nv_recv, &h.combine_nv_recv};
   e = ForEachKernel([&](int i, const void* k) {
     cudaFunction_t f = nullptr;
     const cudaError_t r = cudaGetFuncBySymbol(&f, k);
@@ -221,11 +229,23 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), void (*recv_kernel)(Params, in
 
 }  // namespace
 
+namespace {
+/// Whether a launch on this buffer runs the NVLink-only compilations (ll_kernels_nvlink.cu): every peer mapped (no
+/// proxy region) and no rank masking. Their code is the general kernels' with those branches known untaken, so the
+/// choice changes no result, only the code a launch fetches.
+bool NvlinkOnly(const LlDeviceContext& c) { return c.proxy_region == nullptr && c.mask == nullptr; }
+}  // namespace
+
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
   const LlLaunchHandles* h = cfg.handles;
+  const int64_t smem = DispatchSharedBytes(p.ctx.layout.shape);
+  if (NvlinkOnly(p.ctx)) {
+    return LaunchLl(NvlinkOnlyDispatchKernel(), NvlinkOnlyReceiveDispatchKernel(),
+                    h != nullptr ? h->dispatch_nv : nullptr, h != nullptr ? h->dispatch_nv_recv : nullptr, p, phase,
+                    cfg, smem, stream);
+  }
   return LaunchLl(dispatch, ReceiveOnlyDispatchKernel(), h != nullptr ? h->dispatch : nullptr,
-                  h != nullptr ? h->dispatch_recv : nullptr, p, phase, cfg, DispatchSharedBytes(p.ctx.layout.shape),
-                  stream);
+                  h != nullptr ? h->dispatch_recv : nullptr, p, phase, cfg, smem, stream);
 }
 
 CombineRecvSplit PlanCombineRecvSplit(int hidden, int num_tokens, int num_ctas) {
@@ -245,10 +265,17 @@ cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchCon
   if ((phase & kPhaseRecv) != 0 && p.split.num_ctas != cfg.num_ctas) return cudaErrorInvalidValue;
   const LlLaunchHandles* h = cfg.handles;
   const int64_t smem = CombineSharedBytes(p.ctx.layout.shape);
-  if (p.expert_reduced) {  // the expert-side combine's own compilation (ll_kernels_expert_side.cu)
+  // The expert-side combine's own compilation (ll_kernels_expert_side.cu), also on NVLink-only buffers: compiled for
+  // them as the other kernels are, its fused launch was 1.08-1.10x at T = 128, where the option is meant to be used
+  // (one rank; bench/RESULTS.md session 61).
+  if (p.expert_reduced) {
     return LaunchLl(ExpertSideCombineKernel(), ReceiveOnlyExpertSideCombineKernel(),
                     h != nullptr ? h->combine_es : nullptr, h != nullptr ? h->combine_es_recv : nullptr, p, phase, cfg,
                     smem, stream);
+  }
+  if (NvlinkOnly(p.ctx)) {
+    return LaunchLl(NvlinkOnlyCombineKernel(), NvlinkOnlyReceiveCombineKernel(), h != nullptr ? h->combine_nv : nullptr,
+                    h != nullptr ? h->combine_nv_recv : nullptr, p, phase, cfg, smem, stream);
   }
   return LaunchLl(combine, ReceiveOnlyCombineKernel(), h != nullptr ? h->combine : nullptr,
                   h != nullptr ? h->combine_recv : nullptr, p, phase, cfg, smem, stream);

@@ -420,6 +420,12 @@ struct LlLaunchHandles {
   void* combine_recv = nullptr;     ///< CUfunction of the receive-only `combine`
   void* combine_es = nullptr;       ///< CUfunction of the expert-side `combine` (ll_kernels_expert_side.cu)
   void* combine_es_recv = nullptr;  ///< CUfunction of the expert-side receive-only `combine`
+  // The per-(token, expert) four compiled for a buffer of NVLink peers only that masks no rank (ll_kernels_nvlink.cu,
+  // ll_kernels_nvlink_recv.cu).
+  void* dispatch_nv = nullptr;
+  void* combine_nv = nullptr;
+  void* dispatch_nv_recv = nullptr;
+  void* combine_nv_recv = nullptr;
 };
 /// Resolves the handles for the current device (after cudaSetDevice). An error leaves *out all null (runtime launches).
 cudaError_t ResolveLlLaunch(LlLaunchHandles* out);

@@ -1,7 +1,8 @@
-// The kernels' body (RunPhases) and the declarations of the receive-only kernels, shared by the two translation units
-// that compile the kernels: kernels/cuda/ll_kernels.cu (the kernels every launch with a send phase runs, the launchers)
-// and kernels/cuda/ll_kernels_recv.cu (the same kernels compiled for a receive-only launch). Each includes the phase
-// parts; the device code of one is not shared with the other.
+// The kernels' body (RunPhases) and the declarations of the kernels compiled apart, shared by the translation units
+// that compile the kernels: kernels/cuda/ll_kernels.cu (the kernels every launch with a send phase runs, the
+// launchers), kernels/cuda/ll_kernels_recv.cu (the same kernels compiled for a receive-only launch), those two again
+// for a buffer of NVLink peers only (ll_kernels_nvlink*.cu) and the expert-side combine's (ll_kernels_expert_side*.cu).
+// Each includes the phase parts; the device code of one is not shared with another.
 #pragma once
 
 #include "kernels/cuda/ll_call_gate.cuh"
@@ -26,6 +27,13 @@ CombineKernelFn ReceiveOnlyCombineKernel();
 /// ll_kernels_expert_side_recv.cu: the same name and signature, its phases compiled apart from the other combine's.
 CombineKernelFn ExpertSideCombineKernel();
 CombineKernelFn ReceiveOnlyExpertSideCombineKernel();
+/// The per-(token, expert) kernels compiled for a buffer of NVLink peers only that masks no rank (HasProxy / HasMask
+/// false by construction), from ll_kernels_nvlink.cu (launches with a send phase) and ll_kernels_nvlink_recv.cu
+/// (receive-only): the same names and signatures.
+DispatchKernelFn NvlinkOnlyDispatchKernel();
+CombineKernelFn NvlinkOnlyCombineKernel();
+DispatchKernelFn NvlinkOnlyReceiveDispatchKernel();
+CombineKernelFn NvlinkOnlyReceiveCombineKernel();
 
 namespace {
 

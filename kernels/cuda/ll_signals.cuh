@@ -30,7 +30,7 @@ __device__ int64_t WaitSignal(const LlDeviceContext& c, const uint64_t* p, LlOp 
       if (Aborted(c)) return -1;
       if (NowNs() - t0 > c.timeout_ns) {
         *waited = static_cast<int64_t>(NowNs() - t0);
-        if (c.mask != nullptr) return -2;
+        if (HasMask(c)) return -2;
         RecordError(c, protocol::kDeviceTimeout, op, src, seq, static_cast<int64_t>(c.timeout_ns));
         return -1;
       }
@@ -76,7 +76,7 @@ __shared__ uint64_t g_peeked_signals[protocol::kNumHalves][kMaxPeekedSources];
 /// after the gate's barrier, and WaitAllSources starts from them.
 __device__ __forceinline__ bool PeekSignals(const LlDeviceContext& c, LlOp op) {
   const int R = c.layout.shape.num_ranks;
-  if (c.proxy_region != nullptr || R > kMaxPeekedSources) return false;
+  if (HasProxy(c) || R > kMaxPeekedSources) return false;
   const int lane = threadIdx.x % 32, h = threadIdx.x / 32 - (kWarps - 3);
   if (h >= 0 && h < protocol::kNumHalves && lane < R) {
     g_peeked_signals[h][lane] =
@@ -111,7 +111,7 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
   for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
     int64_t waited = 0;
     int64_t v;
-    const bool masked_before = c.mask != nullptr && *reinterpret_cast<volatile const int32_t*>(c.mask + src) != 0;
+    const bool masked_before = HasMask(c) && *reinterpret_cast<volatile const int32_t*>(c.mask + src) != 0;
     if (masked_before) {
       v = -2;  // not waited on
     } else if (IsProxyPeer(c, src)) {
@@ -133,7 +133,7 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
       v = WaitSignal(c, reinterpret_cast<const uint64_t*>(c.local + c.layout.SignalOffset(half, op, src)), op, src, seq,
                      &waited);
     }
-    if (c.mask != nullptr && v != -1) {
+    if (HasMask(c) && v != -1) {
       const uint32_t agreed = AgreeOnSource(c, op, half, src, seq, v == -2 ? kMaskedVerdict : static_cast<uint32_t>(v),
                                             v == -2 && !masked_before);
       v = agreed == kMaskedVerdict ? -2 : int64_t{agreed};
@@ -160,7 +160,7 @@ __device__ void WaitAllSources(const LlDeviceContext& c, LlOp op, int half, uint
 __device__ __forceinline__ void ReceiveSignals(const LlDeviceContext& c, LlOp op, int half, uint32_t seq,
                                                int64_t max_value, int64_t* wait_stats, int* values, int* failed,
                                                bool peeked, bool after_send) {
-  if (peeked && c.mask == nullptr && AllSignalsPeeked(c, half, seq, max_value)) {
+  if (peeked && !HasMask(c) && AllSignalsPeeked(c, half, seq, max_value)) {
     for (int src = threadIdx.x; src < c.layout.shape.num_ranks; src += kThreads) {
       values[src] = static_cast<int>(protocol::SignalValue(g_peeked_signals[half][src]));
     }
@@ -208,7 +208,7 @@ __device__ void PublishWhenDone(const LlDeviceContext& c, LlOp op, int half, int
     }
   }
   TraceThis(c, op, kTracePolled);
-  if (peer != nullptr) {
+  if (!HasProxy(c) || peer != nullptr) {
     protocol::StoreReleaseSys(reinterpret_cast<uint64_t*>(peer + c.layout.SignalOffset(half, op, c.rank)),
                               protocol::PackSignal(seq, n));
   } else {
