@@ -277,7 +277,7 @@ __device__ __forceinline__ bool CombineRecv(const CombineParams& p, CallGate& ga
       failed[2] = h < 0 ? 2 : 1;
     }
     if (count && n > 0) {
-      if (K <= 8) {
+      if (kRouteK == 8 || K <= 8) {  // kRouteK: this compilation plans for a top-k of at most 8 (ll_routing.cuh)
         CountCombineRows<8>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, scratch, plans);
       } else {
         CountCombineRows<kK>(c, p.topk_idx, p.num_tokens, slot + round * G_tok, G_tok, n, K, scratch, plans);

@@ -230,16 +230,19 @@ cudaError_t LaunchLl(void (*kernel)(Params, int), void (*recv_kernel)(Params, in
 }  // namespace
 
 namespace {
-/// Whether a launch on this buffer runs the NVLink-only compilations (ll_kernels_nvlink.cu): every peer mapped (no
-/// proxy region) and no rank masking. Their code is the general kernels' with those branches known untaken, so the
-/// choice changes no result, only the code a launch fetches.
-bool NvlinkOnly(const LlDeviceContext& c) { return c.proxy_region == nullptr && c.mask == nullptr; }
+/// Whether a launch runs the NVLink-only compilations (ll_kernels_nvlink.cu): every peer of the buffer mapped (no
+/// proxy region), no rank masking, and a top-k of at most 8 (the routing code they carry: kRouteK, ll_routing.cuh).
+/// Their code is the general kernels' with those branches known untaken, so the choice changes no result, only the
+/// code a launch fetches.
+bool NvlinkOnly(const LlDeviceContext& c, int num_topk) {
+  return c.proxy_region == nullptr && c.mask == nullptr && num_topk <= 8;
+}
 }  // namespace
 
 cudaError_t LaunchDispatch(const DispatchParams& p, LlPhase phase, const LaunchConfig& cfg, cudaStream_t stream) {
   const LlLaunchHandles* h = cfg.handles;
   const int64_t smem = DispatchSharedBytes(p.ctx.layout.shape);
-  if (NvlinkOnly(p.ctx)) {
+  if (NvlinkOnly(p.ctx, p.num_topk)) {
     return LaunchLl(NvlinkOnlyDispatchKernel(), NvlinkOnlyReceiveDispatchKernel(),
                     h != nullptr ? h->dispatch_nv : nullptr, h != nullptr ? h->dispatch_nv_recv : nullptr, p, phase,
                     cfg, smem, stream);
@@ -273,7 +276,7 @@ cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchCon
                     h != nullptr ? h->combine_es : nullptr, h != nullptr ? h->combine_es_recv : nullptr, p, phase, cfg,
                     smem, stream);
   }
-  if (NvlinkOnly(p.ctx)) {
+  if (NvlinkOnly(p.ctx, p.num_topk)) {
     return LaunchLl(NvlinkOnlyCombineKernel(), NvlinkOnlyReceiveCombineKernel(), h != nullptr ? h->combine_nv : nullptr,
                     h != nullptr ? h->combine_nv_recv : nullptr, p, phase, cfg, smem, stream);
   }

@@ -1,7 +1,8 @@
-// The receive-only kernels (a hook's receive) for a buffer of NVLink peers only that masks no rank:
-// ll_kernels_recv.cu's two compiled as ll_kernels_nvlink.cu compiles the launches with a send phase (which says why),
-// with HasProxy / HasMask false by construction.
+// The receive-only kernels (a hook's receive) for a buffer of NVLink peers only that masks no rank and a top-k of at
+// most 8: ll_kernels_recv.cu's two compiled as ll_kernels_nvlink.cu compiles the launches with a send phase (which
+// says why), with HasProxy / HasMask false by construction and top-8 routing (kRouteK).
 #define LLEP_LL_NVLINK_ONLY 1
+#define LLEP_LL_TOPK_8 1
 #include "kernels/cuda/ll_run_phases.cuh"
 
 namespace llep::kernels::cuda {

@@ -24,6 +24,16 @@ namespace {
 // become -1 ("no expert") and are recorded. It has two forms over one pair of helpers: the warp form (a lane per
 // slot, for the token plan) and the thread form (a thread per token, for the histograms).
 
+/// The largest top-k this compilation's routing code plans for: kK, or 8 where LLEP_LL_TOPK_8 is defined (the
+/// NVLink-only compilations, ll_kernels_nvlink.cu, which the launchers pick only for calls with a top-k of at most 8:
+/// DeepSeek-V3's and most MoE models' routing). The top-16 planning beside the top-8 one was ~1,000 instructions of
+/// the dispatch kernel that a top-8 launch jumps over (kernels/SMALL_T_CODE.md rule 6).
+#if defined(LLEP_LL_TOPK_8)
+constexpr int kRouteK = 8;
+#else
+constexpr int kRouteK = kK;
+#endif
+
 /// Rule part 1: topk value v as an expert id, -1 (recorded) when outside [-1, E).
 __device__ __forceinline__ int InRangeId(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
   const bool in_range = v >= -1 && v < c.layout.shape.num_experts;
@@ -41,7 +51,7 @@ __device__ __forceinline__ int UnlessRepeated(const LlDeviceContext& c, int id, 
 /// Warp form: topk_idx[t][lane] validated, lanes >= K get -1. One coalesced load per token; the repeat check runs
 /// on shuffles (trace on H200: the per-slot scalar loads it replaced cost 3.6 us per token plan; a thread-form load
 /// of the whole row by every lane, measured on 4xH200, cost 1 us of dispatch send at T=1). One shuffle per possible
-/// earlier slot, unrolled over kMaxTopK - 1: looping over the runtime K made the dispatch send ~0.4 us slower at T=1,
+/// earlier slot, unrolled over kRouteK - 1: looping over the runtime K made the dispatch send ~0.4 us slower at T=1,
 /// and a warp match (__match_any_sync) instead the combine receive ~0.7 us slower at T=128 (2 x H200, session 39).
 /// WarpTokenExpertOf takes the lane's topk value loaded already (v, -1 for lanes >= K, which the id >= 0 test skips).
 __device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, LlOp op, uint32_t seq) {
@@ -49,7 +59,7 @@ __device__ int WarpTokenExpertOf(const LlDeviceContext& c, int64_t v, LlOp op, u
   const int id = InRangeId(c, v, op, seq);
   bool repeated = false;
 #pragma unroll
-  for (int j = 0; j < kK - 1; ++j) {
+  for (int j = 0; j < kRouteK - 1; ++j) {
     const int other = gpu::WarpShfl(id, j);
     repeated |= j < lane && id >= 0 && other == id;
   }
@@ -226,7 +236,9 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
 /// are visible to the CTA after the caller's next barrier.
 __device__ void PlanRoundAnyK(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K,
                               LlOp op, uint32_t seq, PlanScratch* sc, TokenPlan* out, int only_dst) {
-  if (K <= 8) {
+  if constexpr (kRouteK == 8) {
+    PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
+  } else if (K <= 8) {
     PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
   } else {
     PlanRound<kK>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
