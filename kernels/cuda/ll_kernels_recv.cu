@@ -30,7 +30,12 @@ static __global__ void __launch_bounds__(kThreads, 1) combine(CombineParams p, i
   RunPhases(p, LlOp::kCombine, kPhaseRecv, smem, CombineSend<false>, CombineRecv<false, false>);
 }
 
+#if defined(LLEP_LL_NVLINK_ONLY)  // compiled again through ll_kernels_nvlink_recv.cu
+DispatchKernelFn NvlinkOnlyReceiveDispatchKernel() { return dispatch; }
+CombineKernelFn NvlinkOnlyReceiveCombineKernel() { return combine; }
+#else
 DispatchKernelFn ReceiveOnlyDispatchKernel() { return dispatch; }
 CombineKernelFn ReceiveOnlyCombineKernel() { return combine; }
+#endif
 
 }  // namespace llep::kernels::cuda
