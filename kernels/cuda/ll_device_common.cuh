@@ -159,23 +159,16 @@ __device__ __forceinline__ bool Aborted(const LlDeviceContext& c) {
 /// NVLink-only compilations (LLEP_LL_NVLINK_ONLY, ll_kernels_nvlink.cu), which the launchers pick for a buffer with
 /// neither, so that those kernels carry none of the proxy's and the masking's code in line on their paths
 /// (kernels/SMALL_T_CODE.md: a jump over in-line code costs a fetch from far away). Every test of either in the device
-/// code goes through these two.
+/// code goes through these (tests/lint/check_config_branches.py).
+#if defined(LLEP_LL_NVLINK_ONLY)
+constexpr bool kProxyOrMaskCompiled = false;
+#else
+constexpr bool kProxyOrMaskCompiled = true;
+#endif
 __device__ __forceinline__ bool HasProxy(const LlDeviceContext& c) {
-#if defined(LLEP_LL_NVLINK_ONLY)
-  (void)c;
-  return false;
-#else
-  return c.proxy_region != nullptr;
-#endif
+  return kProxyOrMaskCompiled && c.proxy_region != nullptr;
 }
-__device__ __forceinline__ bool HasMask(const LlDeviceContext& c) {
-#if defined(LLEP_LL_NVLINK_ONLY)
-  (void)c;
-  return false;
-#else
-  return c.mask != nullptr;
-#endif
-}
+__device__ __forceinline__ bool HasMask(const LlDeviceContext& c) { return kProxyOrMaskCompiled && c.mask != nullptr; }
 
 /// Rank r is reached through the proxy (no mapped region). One load, skipped when the buffer has no proxy peers.
 __device__ __forceinline__ bool IsProxyPeer(const LlDeviceContext& c, int r) {

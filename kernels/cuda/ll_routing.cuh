@@ -236,9 +236,7 @@ __device__ void PlanRound(const LlDeviceContext& c, const int64_t* topk, int fir
 /// are visible to the CTA after the caller's next barrier.
 __device__ void PlanRoundAnyK(const LlDeviceContext& c, const int64_t* topk, int first_t, int stride, int n, int K,
                               LlOp op, uint32_t seq, PlanScratch* sc, TokenPlan* out, int only_dst) {
-  if constexpr (kRouteK == 8) {
-    PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
-  } else if (K <= 8) {
+  if (kRouteK == 8 || K <= 8) {  // kRouteK == 8: this compilation has no top-16 plan
     PlanRound<8>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);
   } else {
     PlanRound<kK>(c, topk, first_t, stride, n, K, op, seq, sc, out, only_dst);

@@ -17,15 +17,15 @@ HELPERS = ('bool HasProxy(', 'bool HasMask(')
 
 
 def violations(path):
+    """Direct tests outside a helper's body (from its signature to the first closing brace: one statement)."""
     out = []
     inside_helper = False
     for n, line in enumerate(path.read_text().splitlines(), 1):
         code = line.split('//', 1)[0]
-        if any(h in code for h in HELPERS):
-            inside_helper = True
+        inside_helper = inside_helper or any(h in code for h in HELPERS)
         if DIRECT.search(code) and not inside_helper:
             out.append(f'{path}:{n}: {line.strip()}')
-        if inside_helper and code.startswith('}'):
+        if '}' in code:
             inside_helper = False
     return out
 
