@@ -89,17 +89,19 @@ __device__ __forceinline__ void CombineSendReduced(const CombineParams& p, CallG
       const int c0 = q * 256 + lane * 8;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int i0 = 0; i0 < n; i0 += 8) {  // eight rows' loads in flight, then their sums in order
+        // A row not loaded is not summed either (the same test), so it needs no zero: written as `v[i] = test ?
+        // Ld16(..) : zero`, ptxas loaded every row into one scratch register and copied it out, so each load waited
+        // for the one before (kernels/SMALL_T_CODE.md rule 13): the send 1.3-1.7x as long (RESULTS session 62).
         uint4 v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int r = gpu::WarpShfl(row_l, (i0 + i) & 31);
-          v[i] = i0 + i < n && c0 < H ? Ld16(rows_base + int64_t{r} * row_stride + int64_t{c0} * 2)
-                                      : make_uint4(0, 0, 0, 0);
+          if (i0 + i < n && c0 < H) v[i] = Ld16(rows_base + int64_t{r} * row_stride + int64_t{c0} * 2);
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const float w = gpu::WarpShfl(w_l, (i0 + i) & 31);
-          if (i0 + i < n) AccumulateBf16x8(v[i], w, acc);
+          if (i0 + i < n && c0 < H) AccumulateBf16x8(v[i], w, acc);
         }
       }
       if (c0 < H) St16(dst + int64_t{c0} * 2, PackBf16x8(acc));
