@@ -7,7 +7,7 @@
 # package alone and runs just the benchmark. Prints a summary last; full logs go
 # to $OUT (or ./gpu-test-logs). Extra arguments after -- go to gpu_vs_cpu.py (e.g. -- --quick --ranks 2).
 # LLEP_GPU_TEST_STEPS picks the test steps (space-separated; default all): unit matrix proxy graph exports scrape
-# shrink bad_inputs gemm pool. On 4 GPUs the full matrix and the proxy matrix alone took ~8 of the device's 10 minutes a
+# shrink bad_inputs gemm pool sass. On 4 GPUs the full matrix and the proxy matrix alone took ~8 of the device's 10 minutes a
 # command (bench/RESULTS.md session 30): split such a run over calls, e.g. "unit matrix" then "proxy graph exports
 # scrape". Each step's seconds and status go to $LOGS/steps.txt and the summary.
 # shellcheck disable=SC2317  # the step_* and summary_* functions are called by name ("step_$s")
@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-all_steps="unit matrix proxy graph exports scrape shrink bad_inputs gemm pool"
+all_steps="unit matrix proxy graph exports scrape shrink bad_inputs gemm pool sass"
 steps=" ${LLEP_GPU_TEST_STEPS:-$all_steps} "
 for s in $steps; do
   [[ " $all_steps " == *" $s "* ]] || { echo "gpu_test: unknown step '$s' (steps: $all_steps)" >&2; exit 2; }
@@ -72,6 +72,15 @@ step_bad_inputs() { timeout 300 python3 tests/python/test_bad_inputs.py --device
 step_gemm() { timeout 300 python3 tests/gpu/grouped_gemm_test.py > "$LOGS/grouped_gemm.log" 2>&1; }
 # Output reuse (llep/_output_pool.py) with this machine's torch, which has the counters CI's Debian torch lacks.
 step_pool() { timeout 200 python3 tests/python/test_output_pool.py --device cuda > "$LOGS/output_pool.log" 2>&1; }
+# The kernels' machine code: batched 16-byte loads stay in flight together (kernels/SMALL_T_CODE.md rule 13; the
+# development machine has no disassembler).
+step_sass() {
+  local objs=("$BUILD_DIR"/kernels/CMakeFiles/llep_kernels_gpu.dir/cuda/ll_kernels*.cu.o)
+  [ -e "${objs[0]}" ] || { echo "no kernel objects under $BUILD_DIR" > "$LOGS/sass_load_batches.log"; return 1; }
+  local o  # one object per cuobjdump: given several, it printed no machine code
+  for o in "${objs[@]}"; do cuobjdump -sass "$o" || exit 1; done |
+    python3 tests/lint/check_sass_load_batches.py - > "$LOGS/sass_load_batches.log" 2>&1
+}
 
 want() { [ $tests = 1 ] && [[ "$steps" == *" $1 "* ]]; }
 : > "$LOGS/steps.txt"
@@ -101,6 +110,7 @@ summary_shrink() { grep -E "PASS|FAIL|rank [0-9]" "$LOGS/shrink.log" | head -20;
 summary_bad_inputs() { grep -vE "^/|^\s+File|^Traceback" "$LOGS/bad_inputs.log" | tail -25; }
 summary_gemm() { tail -5 "$LOGS/grouped_gemm.log"; }
 summary_pool() { tail -5 "$LOGS/output_pool.log"; }
+summary_sass() { tail -5 "$LOGS/sass_load_batches.log"; }
 show() {
   if want "$1"; then
     echo "== $2 ($(grep "^$1 " "$LOGS/steps.txt" | cut -d' ' -f2-))"
@@ -120,6 +130,7 @@ if [ $tests = 1 ]; then
   show bad_inputs "bad-input catalogue"
   show gemm "engine grouped GEMM"
   show pool "output reuse (torch counters)"
+  show sass "kernel machine code: batched loads in flight"
 fi
 [ $all = 1 ] && { echo "== other tests"; grep -E "tests passed|Failed|\*\*\*" "$LOGS/other_tests.log" | head -20; }
 [ $bench = 1 ] && { echo "== benchmark"; tail -30 "$LOGS/ll_gpu_bench.log"; }
