@@ -7,9 +7,9 @@
 # package alone and runs just the benchmark. Prints a summary last; full logs go
 # to $OUT (or ./gpu-test-logs). Extra arguments after -- go to gpu_vs_cpu.py (e.g. -- --quick --ranks 2).
 # LLEP_GPU_TEST_STEPS picks the test steps (space-separated; default all): unit matrix proxy graph exports scrape
-# shrink bad_inputs gemm pool sass. On 4 GPUs the full matrix and the proxy matrix alone took ~8 of the device's 10 minutes a
-# command (bench/RESULTS.md session 30): split such a run over calls, e.g. "unit matrix" then "proxy graph exports
-# scrape". Each step's seconds and status go to $LOGS/steps.txt and the summary.
+# shrink bad_inputs gemm pool sass. On 4 GPUs the full matrix and the proxy matrix alone took ~8 of the device's 10
+# minutes a command (bench/RESULTS.md session 30): split such a run over calls, e.g. "unit matrix" then "proxy graph
+# exports scrape". Each step's seconds and status go to $LOGS/steps.txt and the summary.
 # shellcheck disable=SC2317  # the step_* and summary_* functions are called by name ("step_$s")
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -8,8 +8,9 @@ eight loads — and the fix took its send to 0.59-0.78x (bench/RESULTS.md sessio
 
 Reads `cuobjdump -sass` output and fails where a 128-bit load (LDG / LD .E.128) is followed, within WINDOW
 instructions, by another 128-bit load into the same register. A load whose own address register it overwrites
-(`LDG.E.128 R8, [R8.64]`) counts like any other. Run on the GPU machine (no disassembler on the development machine):
-    cuobjdump -sass OBJ... | tests/lint/check_sass_load_batches.py -
+(`LDG.E.128 R8, [R8.64]`) counts like any other. Run on the GPU machine (no disassembler on the development machine),
+one object per cuobjdump (given several, it printed no machine code; 0 functions fails):
+    for o in OBJ...; do cuobjdump -sass "$o"; done | tests/lint/check_sass_load_batches.py -
     tests/lint/check_sass_load_batches.py --self-test      (the checker itself, on embedded samples; ctest runs it)
 """
 import re
