@@ -269,8 +269,8 @@ cudaError_t LaunchCombine(const CombineParams& p, LlPhase phase, const LaunchCon
   const LlLaunchHandles* h = cfg.handles;
   const int64_t smem = CombineSharedBytes(p.ctx.layout.shape);
   // The expert-side combine's own compilation (ll_kernels_expert_side.cu), also on NVLink-only buffers: compiled for
-  // them as the other kernels are, its fused launch was 1.08-1.10x at T = 128, where the option is meant to be used
-  // (one rank; bench/RESULTS.md session 61).
+  // them as the other kernels are, its fused launch was 1.08-1.10x at T = 128 (one rank; bench/RESULTS.md session 61)
+  // and, once its send's loads were in flight, level (0.97-1.02x, session 62): not worth a second pair of kernels.
   if (p.expert_reduced) {
     return LaunchLl(ExpertSideCombineKernel(), ReceiveOnlyExpertSideCombineKernel(),
                     h != nullptr ? h->combine_es : nullptr, h != nullptr ? h->combine_es_recv : nullptr, p, phase, cfg,
