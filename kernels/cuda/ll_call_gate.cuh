@@ -55,15 +55,12 @@ __device__ __forceinline__ RecordView PickRecord(bool second, const RecordView& 
                     second ? b.newest_received : a.newest_received};
 }
 
-/// Loads a whole call record bypassing L1 (TrackSend rewrites it).
-__device__ __forceinline__ LlCallRecord LoadRecord(const LlCallRecord* r) {
-  LlCallRecord v;
-  const uint4* src = reinterpret_cast<const uint4*>(r);
-  uint4* dst = reinterpret_cast<uint4*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) dst[i] = gpu::LoadCg(src + i);
-  return v;
-}
+/// The record a launch with a send phase found before its send (record[n % 2]), kept in shared memory by its last
+/// CTA's gate thread for TrackSend: no CTA of the launch writes that record (receives are stream-ordered after their
+/// send, LlCallState), so TrackSend need not load it again (a global round trip on the last CTA's way to its receive
+/// phase) nor build its copy in local memory (a record indexed by a runtime half: the fused kernels' whole 64-byte
+/// stack frame, now none). Hook dispatch send 0.94-0.97x at T <= 8 (EP2), the rest level (bench/RESULTS.md session 63).
+__shared__ __align__(16) LlCallRecord g_record;
 
 /// a is b or a later sequence number.
 __device__ __forceinline__ bool AtOrAfter(uint32_t a, uint32_t b) { return a == b || protocol::SignalIsNewer(a, b); }
@@ -78,10 +75,22 @@ __device__ uint32_t TakeSendCall(const LlDeviceContext& c, LlOp op, unsigned lon
   const RecordView r0 = LoadRecordView(&s->record[0], op), r1 = LoadRecordView(&s->record[1], op);
   const bool aborted = Aborted(c);
   const unsigned long long n = gpu::LoadCg(&mine->sends);
+  // The last CTA (TrackSend's) also loads both whole records, in the same round trip, and keeps record[h].
+  const bool tracks = blockIdx.x == gridDim.x - 1;
+  uint4 whole[2][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    whole[0][i] = tracks ? gpu::LoadCg(reinterpret_cast<const uint4*>(&s->record[0]) + i) : uint4{};
+    whole[1][i] = tracks ? gpu::LoadCg(reinterpret_cast<const uint4*>(&s->record[1]) + i) : uint4{};
+  }
   mine->sends = n + 1;  // read by this CTA of the next launch (stream order)
   *n_out = n;
   const uint32_t seq = protocol::DeviceCallSeq(n);
   const int h = protocol::HalfOfSeq(seq);
+  if (tracks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) reinterpret_cast<uint4*>(&g_record)[i] = h == 1 ? whole[1][i] : whole[0][i];
+  }
   const RecordView r = PickRecord(h == 1, r0, r1);  // the record before send n is record[n % 2] == record[h]
   const uint32_t prev = static_cast<uint32_t>(r.sent(h));
   const uint32_t sent_after = r.sent_after(h);
@@ -97,19 +106,21 @@ __device__ uint32_t TakeSendCall(const LlDeviceContext& c, LlOp op, unsigned lon
   return code == protocol::kDeviceOk && !aborted ? seq : 0u;
 }
 
-/// Send n is done (last CTA, thread 0, after its send phase): the record the next send reads, with this send in it
+/// Send n is done (last CTA, thread 32, after its send phase): the record the next send reads, with this send in it
 /// (received at once for kPhaseBoth).
 __device__ void TrackSend(const LlDeviceContext& c, LlOp op, int phase, uint32_t tag, unsigned long long n) {
   const uint32_t seq = protocol::DeviceCallSeq(n);
   const int h = protocol::HalfOfSeq(seq);
-  LlCallRecord r = LoadRecord(&c.calls->record[h]);
+  LlCallRecord& r = g_record;  // record[h] as the gate thread found it (TakeSendCall); Open()'s barrier published it
   r.sent[h] = PackSent(tag, seq);
   if (phase == kPhaseBoth) {
     r.received[h] = PackReceived(seq, kReceivedInLaunch);
     r.sent_after[static_cast<int>(op)][h] = protocol::DeviceCallSeq(n + 1);
     if (r.newest_received == 0 || protocol::SignalIsNewer(seq, r.newest_received)) r.newest_received = seq;
   }
-  c.calls->record[h ^ 1] = r;
+  uint4* const out = reinterpret_cast<uint4*>(&c.calls->record[h ^ 1]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = reinterpret_cast<const uint4*>(&r)[i];
 }
 
 /// A receive-only launch (the gate thread of every CTA): the sequence number of the sent, unreceived operation `tag`
