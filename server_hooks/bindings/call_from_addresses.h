@@ -6,6 +6,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -64,21 +65,44 @@ inline CombineCall CombineCallFromAddresses(uintptr_t x, bool zero_copy, uintptr
   return c;
 }
 
-/// The positional arguments of a native call, read straight from Python's vector of arguments (METH_FASTCALL).
-/// pybind11's generic path (overload dispatch, an argument vector on the heap, a caster per argument) cost a
-/// dispatch's 19 arguments ~0.25 µs more on the development machine (bench/RESULTS.md session 32), on every decode
-/// step. Each reader takes the next argument; on a wrong type it sets a TypeError that names the argument and returns
+/// The arguments of a native call, read straight from Python's vector of arguments (METH_FASTCALL | METH_KEYWORDS).
+/// llep/buffer.py names every one (`runtime.combine(x=..., topk_idx=..., out=...)`) with the names of the fields they
+/// fill (DispatchCall / CombineCall, runtime/protocol/ll_call.h), so a reader follows an argument from the Python call
+/// to the kernel by its name; a positional prefix is accepted too (the benchmarks' direct calls). The order is fixed:
+/// argument i is names[i], positional or keyword. A call site's keyword names are the interned strings of its code
+/// object, so each is checked by one pointer compare against the interned name (a string compare only when not
+/// interned). Named, a CPU-backend combine's native call took 0.00-0.06 µs more than positional (5.07-5.25 vs
+/// 5.02-5.21 µs, bench/crossing_cost.py; the interpreter specializes only keyword-free calls of a method descriptor;
+/// bench/RESULTS.md session 63).
+/// pybind11's generic path (overload dispatch, an argument vector on the heap, a caster per argument) cost a dispatch's
+/// 19 arguments ~0.25 µs more (session 32), on every decode step. Each
+/// reader takes the next argument; on a wrong type or name it sets a TypeError that names the argument and returns
 /// false.
 class FastArgs {
  public:
-  FastArgs(const char* method, const char* const* names, PyObject* const* args, Py_ssize_t n)
-      : method_(method), names_(names), args_(args), n_(n) {}
+  /// `interned`: the names as interned Python strings (InternNames), same length as `names`.
+  FastArgs(const char* method, const char* const* names, PyObject* const* interned, PyObject* const* args, Py_ssize_t n,
+           PyObject* kwnames)
+      : method_(method), names_(names), interned_(interned), args_(args), n_(n), kwnames_(kwnames) {}
 
-  /// Whether there are exactly `want` arguments (else the TypeError).
+  /// Whether there are exactly `want` arguments, each keyword one in its place (else the TypeError).
   bool Count(Py_ssize_t want) {
-    if (n_ == want) return true;
-    PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments (%zd given)", method_, want, n_);
-    return false;
+    const Py_ssize_t nk = kwnames_ != nullptr ? PyTuple_GET_SIZE(kwnames_) : 0;
+    if (n_ + nk != want) {
+      PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", method_, want, n_ + nk);
+      return false;
+    }
+    for (Py_ssize_t k = 0; k < nk; ++k) {
+      PyObject* got = PyTuple_GET_ITEM(kwnames_, k);
+      PyObject* expected = interned_[n_ + k];
+      if (got != expected && PyUnicode_Compare(got, expected) != 0) {
+        if (PyErr_Occurred()) return false;
+        PyErr_Format(PyExc_TypeError, "%s() argument %zd must be '%s', got keyword '%U'", method_, n_ + k + 1,
+                     names_[n_ + k], got);
+        return false;
+      }
+    }
+    return true;
   }
   /// An int in [0, 2^64): an address, a stream handle, a plan key.
   bool Address(uintptr_t* out) {
@@ -140,8 +164,10 @@ class FastArgs {
 
   const char* method_;
   const char* const* names_;
+  PyObject* const* interned_;
   PyObject* const* args_;
-  Py_ssize_t n_;
+  Py_ssize_t n_;  ///< positional arguments; the keyword ones follow them in args_
+  PyObject* kwnames_;
   Py_ssize_t i_ = 0;
 };
 
@@ -161,21 +187,62 @@ PyObject* Guarded(Body&& body) {
   return nullptr;
 }
 
-inline constexpr const char* kDispatchArgNames[] = {
-    "x",          "topk_idx", "combine_weights", "num_tokens", "num_topk", "use_fp8",      "round_scale",
-    "use_ue8m0",  "recv_x",   "recv_scales",     "recv_count", "src_info", "layout_range", "cumulative_stats",
-    "wait_stats", "layer",    "plan_key",        "split",      "stream"};
-inline constexpr const char* kCombineArgNames[] = {
-    "x",   "zero_copy",  "topk_idx", "topk_weights",   "num_tokens", "num_topk", "layout_range",
-    "out", "wait_stats", "plan_key", "expert_reduced", "split",      "stream"};
+/// The arguments' names, in order: DispatchCall's / CombineCall's fields they fill (combine_weights: the Python
+/// keyword of DispatchCall::topk_weights; use_fp8, round_scale, use_ue8m0: DispatchMode), then the launch's split
+/// (a hook: send and receive apart) and stream.
+inline constexpr const char* kDispatchArgNames[] = {"x",
+                                                    "topk_idx",
+                                                    "combine_weights",
+                                                    "num_tokens",
+                                                    "num_topk",
+                                                    "use_fp8",
+                                                    "round_scale",
+                                                    "use_ue8m0",
+                                                    "recv_x",
+                                                    "recv_scales",
+                                                    "recv_count",
+                                                    "src_info",
+                                                    "layout_range",
+                                                    "cumulative_local_expert_recv_stats",
+                                                    "wait_recv_cost_stats",
+                                                    "layer",
+                                                    "plan_key",
+                                                    "split",
+                                                    "stream"};
+inline constexpr const char* kCombineArgNames[] = {"x",
+                                                   "zero_copy",
+                                                   "topk_idx",
+                                                   "topk_weights",
+                                                   "num_tokens",
+                                                   "num_topk",
+                                                   "layout_range",
+                                                   "out",
+                                                   "wait_recv_cost_stats",
+                                                   "plan_key",
+                                                   "expert_reduced",
+                                                   "split",
+                                                   "stream"};
+
+/// The names as interned Python strings, made once for the process (FastArgs compares a call's keyword names with
+/// them by pointer). Needs the GIL.
+template <size_t N>
+PyObject* const* InternNames(const char* const (&names)[N]) {
+  auto* out = new PyObject*[N];  // lives as long as the module's methods
+  for (size_t i = 0; i < N; ++i) {
+    out[i] = PyUnicode_InternFromString(names[i]);
+    if (out[i] == nullptr) throw pybind11::error_already_set();
+  }
+  return out;
+}
 
 /// dispatch(x, topk_idx, combine_weights (address or None), num_tokens, num_topk, use_fp8, round_scale, use_ue8m0,
-/// recv_x, recv_scales, recv_count, src_info, layout_range, cumulative_stats, wait_stats, layer, plan_key, split,
-/// stream): addresses are ints (0 = none), the stream a raw handle.
+/// recv_x, recv_scales, recv_count, src_info, layout_range, cumulative_local_expert_recv_stats, wait_recv_cost_stats,
+/// layer, plan_key, split, stream), by keyword (FastArgs): addresses are ints (0 = none), the stream a raw handle.
 template <typename Holder>
-PyObject* FastDispatch(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+PyObject* FastDispatch(PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kwnames) {
   return Guarded([&]() -> PyObject* {
-    FastArgs a("dispatch", kDispatchArgNames, args, n);
+    static PyObject* const* const interned = InternNames(kDispatchArgNames);
+    FastArgs a("dispatch", kDispatchArgNames, interned, args, n, kwnames);
     uintptr_t x, topk, recv_x, recv_scales, recv_count, src_info, layout_range, cumulative, wait, stream, plan_key;
     std::optional<uintptr_t> weights;
     int num_tokens, num_topk, layer;
@@ -198,12 +265,13 @@ PyObject* FastDispatch(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   });
 }
 
-/// combine(x, zero_copy, topk_idx, topk_weights, num_tokens, num_topk, layout_range, out, wait_stats, plan_key,
-/// expert_reduced, split, stream).
+/// combine(x, zero_copy, topk_idx, topk_weights, num_tokens, num_topk, layout_range, out, wait_recv_cost_stats,
+/// plan_key, expert_reduced, split, stream), by keyword (FastArgs).
 template <typename Holder>
-PyObject* FastCombine(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+PyObject* FastCombine(PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kwnames) {
   return Guarded([&]() -> PyObject* {
-    FastArgs a("combine", kCombineArgNames, args, n);
+    static PyObject* const* const interned = InternNames(kCombineArgNames);
+    FastArgs a("combine", kCombineArgNames, interned, args, n, kwnames);
     uintptr_t x, topk, weights, layout_range, out, wait, stream, plan_key;
     int num_tokens, num_topk;
     bool zero_copy, expert_reduced, split;
@@ -225,16 +293,16 @@ PyObject* FastCombine(PyObject* self, PyObject* const* args, Py_ssize_t n) {
 /// Defines `dispatch` and `combine` on a buffer binding whose Holder has
 ///   pybind11::object Dispatch(const DispatchCall&, bool split, uintptr_t stream)
 ///   pybind11::object Combine(const CombineCall&, bool split, uintptr_t stream)
-/// (the pending operation when split, the hook's; else None), as METH_FASTCALL method descriptors (FastArgs: the
-/// per-decode-step crossing), and the buffer's other calls through pybind11. The positional order is llep/buffer.py's.
+/// (the pending operation when split, the hook's; else None), as METH_FASTCALL | METH_KEYWORDS method descriptors
+/// (FastArgs: the per-decode-step crossing), and the buffer's other calls through pybind11.
 template <typename Holder, typename Class>
 void DefCallMethods(Class& cls) {
-  static PyMethodDef dispatch_def = {"dispatch",
-                                     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastDispatch<Holder>)),
-                                     METH_FASTCALL, "Queues a dispatch (positional, see FastDispatch)."};
-  static PyMethodDef combine_def = {"combine",
-                                    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastCombine<Holder>)),
-                                    METH_FASTCALL, "Queues a combine (positional, see FastCombine)."};
+  static PyMethodDef dispatch_def = {
+      "dispatch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastDispatch<Holder>)),
+      METH_FASTCALL | METH_KEYWORDS, "Queues a dispatch (arguments named as DispatchCall's fields, see FastDispatch)."};
+  static PyMethodDef combine_def = {
+      "combine", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastCombine<Holder>)),
+      METH_FASTCALL | METH_KEYWORDS, "Queues a combine (arguments named as CombineCall's fields, see FastCombine)."};
   auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   for (PyMethodDef* def : {&dispatch_def, &combine_def}) {
     PyObject* descr = PyDescr_NewMethod(type, def);

@@ -583,14 +583,19 @@ class Buffer:
                 self._dispatch_pool, (use_fp8, use_ue8m0, stream), _new_dispatch_outputs, x, out, use_fp8)
             layout_range_ptr = addr[4]
             plan_key = next(_plan_keys)
+            # Named as DispatchCall's fields (runtime/protocol/ll_call.h), in their order; addresses, 0 for none.
             op = runtime.dispatch(
-                # combine_weights: None or an address (0 for an empty batch, which still carries them).
-                x.data_ptr(), topk_idx.data_ptr(), None if combine_weights is None else combine_weights.data_ptr(),
-                num_tokens, topk_shape[1], use_fp8, round_scale, use_ue8m0,
-                addr[0], addr[1], addr[2], addr[3], layout_range_ptr,  # recv_x, scales (0 without FP8), count, src_info
-                0 if cumulative_local_expert_recv_stats is None else cumulative_local_expert_recv_stats.data_ptr(),
-                0 if dispatch_wait_recv_cost_stats is None else dispatch_wait_recv_cost_stats.data_ptr(),
-                layer, plan_key, return_recv_hook, stream)
+                x=x.data_ptr(), topk_idx=topk_idx.data_ptr(),
+                # None or an address (0 for an empty batch, which still carries them)
+                combine_weights=None if combine_weights is None else combine_weights.data_ptr(),
+                num_tokens=num_tokens, num_topk=topk_shape[1], use_fp8=use_fp8, round_scale=round_scale,
+                use_ue8m0=use_ue8m0, recv_x=addr[0], recv_scales=addr[1], recv_count=addr[2], src_info=addr[3],
+                layout_range=layout_range_ptr,
+                cumulative_local_expert_recv_stats=0 if cumulative_local_expert_recv_stats is None else
+                cumulative_local_expert_recv_stats.data_ptr(),
+                wait_recv_cost_stats=0 if dispatch_wait_recv_cost_stats is None else
+                dispatch_wait_recv_cost_stats.data_ptr(),
+                layer=layer, plan_key=plan_key, split=return_recv_hook, stream=stream)
             self._dispatched = True
             if self._unreceived:  # an entry at this address is stale: its hook was dropped unrun and the memory reused
                 self._unreceived.discard(layout_range_ptr)
@@ -714,11 +719,15 @@ class Buffer:
                                                    topk_weights, num_tokens, hidden)
             else:
                 out_ptr = out.data_ptr()
-            op = runtime.combine(0 if zero_copy else x.data_ptr(), zero_copy, topk_idx.data_ptr(),
-                                 topk_weights.data_ptr(), num_tokens, topk_shape[1], layout_range_ptr, out_ptr,
-                                 0 if combine_wait_recv_cost_stats is None else combine_wait_recv_cost_stats.data_ptr(),
-                                 getattr(T, 'plan_key', 0), getattr(T, 'expert_reduced', False), return_recv_hook,
-                                 stream)
+            # Named as CombineCall's fields (runtime/protocol/ll_call.h), in their order; addresses, 0 for none.
+            op = runtime.combine(
+                x=0 if zero_copy else x.data_ptr(), zero_copy=zero_copy, topk_idx=topk_idx.data_ptr(),
+                topk_weights=topk_weights.data_ptr(), num_tokens=num_tokens, num_topk=topk_shape[1],
+                layout_range=layout_range_ptr, out=out_ptr,
+                wait_recv_cost_stats=0 if combine_wait_recv_cost_stats is None else
+                combine_wait_recv_cost_stats.data_ptr(),
+                plan_key=getattr(T, 'plan_key', 0), expert_reduced=getattr(T, 'expert_reduced', False),
+                split=return_recv_hook, stream=stream)
             event, hook = _NO_EVENT, None
             if return_recv_hook or async_finish:
                 event, hook = self._event_or_hook(runtime, op, return_recv_hook,

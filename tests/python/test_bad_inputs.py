@@ -145,6 +145,21 @@ def _exporter_twice(c: Ctx) -> None:
     c.buf.start_metrics_exporter(port=0)
 
 
+def _native_call(c: Ctx, op: str, *args: Any, **kw: Any) -> None:
+    """The backend's own dispatch / combine method (the crossing llep/buffer.py calls with every argument named as the
+    DispatchCall / CombineCall field it fills), called with arguments it must refuse before reading any."""
+    c.good()  # the runtime exists
+    getattr(c.buf.runtime, op)(*args, **kw)
+
+
+_COMBINE_ARGS = ('x', 'zero_copy', 'topk_idx', 'topk_weights', 'num_tokens', 'num_topk', 'layout_range', 'out',
+                 'wait_recv_cost_stats', 'plan_key', 'expert_reduced', 'split', 'stream')
+
+
+def _renamed(names: tuple, i: int, new: str) -> dict:
+    return {new if k == i else n: 0 for k, n in enumerate(names)}
+
+
 def _combine_before_dispatch(c: Ctx) -> None:
     b = c.fresh()
     try:
@@ -290,6 +305,18 @@ def _cases(c: Ctx) -> List[Case]:
         Case('round_scale_without_fp8', lambda c: c.dispatch(round_scale=True), IA, 'round_scale requires use_fp8'),
         Case('dispatch_unknown_keyword', lambda c: c.dispatch(no_such_argument=1), TypeError, 'unexpected keyword'),
         Case('dispatch_fork_feature', lambda c: c.dispatch(use_nvfp4=True), NotImplementedError, 'use_nvfp4'),
+        Case('native_combine_misnamed_keyword', lambda c: _native_call(c, 'combine', **_renamed(_COMBINE_ARGS, 2, 'topk')),
+             TypeError, r"argument 3 must be 'topk_idx', got keyword 'topk'"),
+        Case('native_combine_keywords_out_of_order', lambda c: _native_call(
+            c, 'combine', 0, False, **{n: 0 for n in reversed(_COMBINE_ARGS[2:])}), TypeError,
+             r"argument 3 must be 'topk_idx', got keyword 'stream'"),
+        Case('native_combine_argument_count', lambda c: _native_call(c, 'combine', 0, False, topk_idx=0), TypeError,
+             r'combine\(\) takes 13 arguments \(3 given\)'),
+        Case('native_dispatch_misnamed_keyword', lambda c: _native_call(c, 'dispatch', 0, 0, None, 1, 1, False, False,
+                                                                        False, 0, 0, 0, 0, 0, cumulative_stats=0,
+                                                                        wait_recv_cost_stats=0, layer=0, plan_key=0,
+                                                                        split=False, stream=0), TypeError,
+             r"argument 14 must be 'cumulative_local_expert_recv_stats', got keyword 'cumulative_stats'"),
         # ---- combine
         Case('combine_before_any_dispatch', _combine_before_dispatch, FP, 'before any low_latency_dispatch'),
         Case('combine_x_float32', lambda c: c.combine(x=torch.zeros((E_LOC, R * T, H), dtype=torch.float32,
