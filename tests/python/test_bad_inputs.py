@@ -305,8 +305,9 @@ def _cases(c: Ctx) -> List[Case]:
         Case('round_scale_without_fp8', lambda c: c.dispatch(round_scale=True), IA, 'round_scale requires use_fp8'),
         Case('dispatch_unknown_keyword', lambda c: c.dispatch(no_such_argument=1), TypeError, 'unexpected keyword'),
         Case('dispatch_fork_feature', lambda c: c.dispatch(use_nvfp4=True), NotImplementedError, 'use_nvfp4'),
-        Case('native_combine_misnamed_keyword', lambda c: _native_call(c, 'combine', **_renamed(_COMBINE_ARGS, 2, 'topk')),
-             TypeError, r"argument 3 must be 'topk_idx', got keyword 'topk'"),
+        Case('native_combine_misnamed_keyword',
+             lambda c: _native_call(c, 'combine', **_renamed(_COMBINE_ARGS, 2, 'topk')), TypeError,
+             r"argument 3 must be 'topk_idx', got keyword 'topk'"),
         Case('native_combine_keywords_out_of_order', lambda c: _native_call(
             c, 'combine', 0, False, **{n: 0 for n in reversed(_COMBINE_ARGS[2:])}), TypeError,
              r"argument 3 must be 'topk_idx', got keyword 'stream'"),
