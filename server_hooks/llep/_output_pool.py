@@ -13,9 +13,10 @@ storage's use count (a view, a slice, a reshape) and the reference count of the 
 A set is free when all four equal what they were right after the set was made, when only this pool held it (measured
 then, not assumed: the baseline depends on the torch build). Reading them from Python cost a dispatch ~3.5 µs on an
 H100 host, so the tensors of a set a Buffer makes share one allocation (`one_block`: one storage's two counts and one
-data address per set, not per tensor) and the counts are read natively (`_llep.pool_probe`, the same torch calls
-without the interpreter). The addresses the pool returns with a set are that data address plus each tensor's fixed
-offset, read on every take (a `resize_` may have moved the storage).
+data address per set, not per tensor) and the counts are read natively (`_llep.pool_counts` / `pool_take`, the same
+torch calls without the interpreter; the take also walks the key's sets in C). The addresses the pool returns with a
+set are that data address plus each tensor's fixed offset, read on every take (a `resize_` may have moved the
+storage).
 
 Same rules as torch's caching allocator, which also hands a block out again once its tensor is gone: the next call
 on the same stream reuses it, in stream order. Differences, documented (README "Options"):
@@ -31,13 +32,14 @@ tensor's version) retires its set. Two in-place changes move no version and are 
 Without the counters (torch builds before they existed) the pool is off and every call allocates, as before.
 """
 import threading
-from typing import Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from llep import _llep
 
-_probe = _llep.pool_probe
+_counts = _llep.pool_counts
+_take = _llep.pool_take
 _storage_use_count: Optional[Callable[[int], int]] = getattr(torch._C, '_storage_Use_Count', None)
 AVAILABLE = _storage_use_count is not None and hasattr(torch.Tensor, '_use_count')
 
@@ -92,39 +94,27 @@ def _storages_and_places(tensors: Tensors) -> Tuple[Tuple[object, ...], Tuple[in
     return tuple(storages), tuple(cdatas), tuple(places)
 
 
-class _Set:
-    """One set of output tensors (None where a mode has no such output), its storages (usually one: `one_block`) and
-    its counts when only the pool held it. `dead`: a tensor's layout was changed in place (unsqueeze_, transpose_,
-    set_, ...): the set is not handed out again."""
+class _Set(NamedTuple):
+    """One set of output tensors as the pool keeps it, a tuple _llep.pool_take reads (its fields in this order): the
+    outputs (None where a mode has no such output), the live ones, their storages (usually one: `one_block`) with
+    their StorageImpl addresses, the counts when only the pool held the set, each output's place in a storage, and
+    each live tensor's layout (checked again when its version moved)."""
+    tensors: Tensors
+    live: Tuple[torch.Tensor, ...]
+    storages: Tuple[object, ...]
+    cdatas: Tuple[int, ...]
+    baseline: Tuple[int, ...]
+    places: Tuple[Optional[Place], ...]
+    layouts: Tuple[Tuple, ...]
 
-    __slots__ = ('tensors', '_live', '_storages', '_cdatas', '_places', '_layouts', '_baseline', 'dead')
 
-    def __init__(self, tensors: Tensors) -> None:
-        self.tensors = tensors
-        self._live = tuple(t for t in tensors if t is not None)
-        self._storages, self._cdatas, self._places = _storages_and_places(tensors)
-        self._layouts = tuple(_layout(t) for t in self._live)
-        self.dead = False
-        # No local may refer to a tensor or storage here: the baseline's refcounts would count it.
-        self._baseline = _probe(self._live, self._storages, self._cdatas, _storage_use_count, None, None)
-
-    def claim(self) -> Optional[List[int]]:
-        """Each tensor's data address (0 for None) if only the pool holds the set, else None. The counts are read
-        natively (_llep.pool_probe: the refcount, use count and version of every tensor, the refcount and use count of
-        every storage, then one data pointer per storage, which a resize_ may have moved). A tensor's version that
-        moved (every in-place torch op moves it) has its layout checked again: a write such as mul_ leaves it and the
-        version becomes the baseline's; unsqueeze_ does not, and the set dies."""
-        while True:
-            got = _probe(self._live, self._storages, self._cdatas, _storage_use_count, self._baseline, self._places)
-            if got is None or type(got) is list:
-                return got
-            # Only this tensor's version moved. (No local names it: the probe again would count that reference.)
-            if _layout(self._live[got]) != self._layouts[got]:
-                self.dead = True
-                return None
-            base = list(self._baseline)
-            base[3 * got + 2] = self._live[got]._version
-            self._baseline = tuple(base)
+def _new_set(tensors: Tensors) -> _Set:
+    """A set of fresh tensors, its baseline read now. No local may refer to a tensor or storage here (only the
+    tuples that hold them): the baseline's refcounts would count it."""
+    live = tuple(t for t in tensors if t is not None)
+    storages, cdatas, places = _storages_and_places(tensors)
+    return _Set(tensors, live, storages, cdatas, _counts(live, storages, cdatas, _storage_use_count), places,
+                tuple(_layout(t) for t in live))
 
 
 class OutputPool:
@@ -136,25 +126,44 @@ class OutputPool:
         self._count = 0
         self._per_key = per_key
         self._max_sets = max_sets
-        self._lock = threading.Lock()  # two threads may call one Buffer (vLLM's DBO): one taker per set
+        # Two threads may call one Buffer (vLLM's DBO): adopt, _settle and clear change the lists and the count under
+        # it; a take needs none (_llep.pool_take reserves a set before it reads its counts).
+        self._lock = threading.Lock()
 
     def take(self, key: Hashable) -> Optional[Tuple[List[Optional[torch.Tensor]], List[int]]]:
-        """A free set's (tensors, their data addresses), or None. The list is made under the lock, so the set reads as
-        held before another thread can look at it."""
+        """A free set's (tensors, their data addresses), or None. _llep.pool_take reads the counts of the key's sets in
+        order (the refcount, use count and version of every tensor, the refcount and use count of every storage, then
+        one data pointer per storage, which a resize_ may have moved) and moves the set it hands out last, so a caller
+        holding the newest outputs (a handle until its combine) finds a free set at once; it needs no lock (its doc).
+        A set free but for a tensor's version (every in-place torch op moves it) is settled and the take repeated."""
         sets = self._sets.get(key)
-        if sets:
-            with self._lock:
-                for i, s in enumerate(sets):
-                    addresses = s.claim()
-                    if addresses is not None:
-                        if i + 1 < len(sets):  # the next call tries the others first: a caller holding the last
-                            sets.append(sets.pop(i))  # outputs (a handle until its combine) finds a free set at once
-                        return list(s.tensors), addresses
-                    if s.dead:  # its room goes to a fresh set (the caller's adopt)
-                        del sets[i]
-                        self._count -= 1
-                        break
+        while sets:
+            got = _take(sets, _storage_use_count)
+            if type(got) is not int:
+                return got
+            self._settle(sets, got)
         return None
+
+    def _settle(self, sets: List[_Set], i: int) -> None:
+        """Set i of `sets` was free but for a tensor's version: a write such as mul_ leaves the tensor's layout, and
+        the version becomes the baseline's; unsqueeze_, transpose_, set_, ... change it, and the set is dropped (its
+        room goes to a fresh set). Under the lock: another thread may be doing the same. No local names a tensor (a
+        take's counts would count it)."""
+        with self._lock:
+            if i >= len(sets):
+                return  # the list changed meanwhile: the next take finds the set again
+            s = sets[i]
+            for k in range(len(s.live)):
+                if s.live[k]._version == s.baseline[3 * k + 2]:
+                    continue
+                if _layout(s.live[k]) != s.layouts[k]:
+                    del sets[i]
+                    self._count -= 1
+                    return
+                base = list(s.baseline)
+                base[3 * k + 2] = s.live[k]._version
+                sets[i] = s._replace(baseline=tuple(base))
+                s = sets[i]
 
     def has_room(self, key: Hashable) -> bool:
         """Whether adopt(key, ...) would keep a set now (a caller makes a set the pool cannot keep the cheaper way)."""
@@ -165,7 +174,7 @@ class OutputPool:
         counts now are the set's free state."""
         with self._lock:
             if self.has_room(key):
-                self._sets.setdefault(key, []).append(_Set(tensors))
+                self._sets.setdefault(key, []).append(_new_set(tensors))
                 self._count += 1
 
     def clear(self) -> None:

@@ -63,17 +63,25 @@ def test_one_block():
 
 
 class _FakeTensor:
-    """What pool_probe reads of a tensor: _use_count(), _version."""
+    """What pool_counts / pool_take read of a tensor: _use_count(), _version; and its layout (_output_pool._layout)."""
 
     def __init__(self):
         self.use, self._version = 1, 0
+        self.dtype, self.shape, self.requires_grad = 'f32', (4,), False
 
     def _use_count(self):
         return self.use
 
+    def stride(self):
+        return (1,)
+
+    def storage_offset(self):
+        return 0
+
 
 class _FakeStorage:
-    """What pool_probe reads of a storage: data_ptr() (its use count comes from the function it is given)."""
+    """What pool_counts / pool_take read of a storage: data_ptr() (its use count comes from the function it is
+    given)."""
 
     def __init__(self, address):
         self.address, self.use = address, 1
@@ -82,12 +90,13 @@ class _FakeStorage:
         return self.address
 
 
-def test_pool_probe_native():
-    """_llep.pool_probe on stand-in objects (any torch, CI's included): the baseline's layout, each count that holds a
-    set, a version that alone moved, the addresses, and bad arguments as errors."""
+def test_pool_native():
+    """_llep.pool_counts and pool_take on stand-in objects (any torch, CI's included): the baseline's layout, each
+    count that holds a set, the walk over a key's sets and the free one moved last, a version that alone moved, the
+    addresses, and bad arguments as errors."""
     from llep import _llep
-    probe = _llep.pool_probe
     tensors = (_FakeTensor(), _FakeTensor())
+    outputs = (tensors[0], None, tensors[1])
     storages = (_FakeStorage(4096), _FakeStorage(8192))
     cdatas = (11, 22)
     by_cdata = dict(zip(cdatas, storages))
@@ -96,44 +105,103 @@ def test_pool_probe_native():
         return by_cdata[cdata].use
 
     places = ((0, 256), None, (1, 0))
-    base = probe(tensors, storages, cdatas, storage_use_count, None, None)
+    base = _llep.pool_counts(tensors, storages, cdatas, storage_use_count)
     assert len(base) == 3 * 2 + 2 * 2 and base[1] == 1 and base[2] == 0 and base[7] == 1, base
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) == [4352, 0, 8192]
+    one = _output_pool._Set(outputs, tensors, storages, cdatas, base, places, ())
+    sets = [one]
+
+    def take():
+        got = _llep.pool_take(sets, storage_use_count)
+        assert got is None or type(got) is int or got[0] == list(outputs), got
+        return got if got is None or type(got) is int else got[1]
+
+    assert take() == [4352, 0, 8192]
+    got = _llep.pool_take(sets, storage_use_count)  # the caller holds the outputs now
+    assert take() is None, 'held by the list a take returned'
+    del got
+    assert take() == [4352, 0, 8192], 'free again'
     held = [tensors[1]]  # a reference: the tensor's refcount
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    assert take() is None
     del held
     tensors[0].use = 2  # C++ holding the tensor
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    assert take() is None
     tensors[0].use = 1
     storages[1].use = 3  # a view: the storage's use count
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    assert take() is None
     storages[1].use = 1
     held = [storages[0]]  # the storage's Python object
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) is None
+    assert take() is None
     del held
-    tensors[1]._version = 5  # written in place: the index, for the caller's layout check
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) == 1
+    tensors[1]._version = 5  # written in place: the set's index, for the caller's layout check
+    assert take() == 0
     tensors[1]._version = 0
     storages[0].address = 65536  # the storage moved (resize_): the addresses follow
-    assert probe(tensors, storages, cdatas, storage_use_count, base, places) == [65792, 0, 8192]
-    for bad in ((tensors, storages, cdatas, storage_use_count, base[:-1], places),  # not this set's baseline
-                (tensors, storages, cdatas, storage_use_count, ('1',) * len(base), places),
-                (tensors, storages, cdatas, storage_use_count, base, ((0, 'x'),)),  # an offset not an int
-                (tensors, storages, cdatas, storage_use_count, base, ((2, 0),)),  # no storage 2
-                (tensors, storages, cdatas, storage_use_count, base, ((0,),)),  # not (storage, offset)
-                (tensors, storages, cdatas[:1], storage_use_count, None, None),  # a cdata per storage
-                (None, storages, cdatas, storage_use_count, None, None)):  # (a list of the tensors would hold them)
+    assert take() == [65792, 0, 8192]
+    storages[0].address = 4096
+    # A key's sets in order, the one handed out moved last; a held one skipped.
+    t2 = (_FakeTensor(),)
+    s2 = (_FakeStorage(1 << 20),)
+    by_cdata[33] = s2[0]
+    two = _output_pool._Set(t2, t2, s2, (33,), _llep.pool_counts(t2, s2, (33,), storage_use_count), ((0, 0),), ())
+    sets.append(two)
+    got = _llep.pool_take(sets, storage_use_count)
+    assert got[1] == [4352, 0, 8192] and sets == [two, one], 'the first free set, then moved last'
+    got2 = _llep.pool_take(sets, storage_use_count)
+    assert got2[1] == [1 << 20] and sets == [one, two]
+    assert _llep.pool_take(sets, storage_use_count) is None, 'both held'
+    del got2
+    assert _llep.pool_take(sets, storage_use_count)[1] == [1 << 20] and sets == [one, two], 'the held one skipped'
+    del got
+    assert _llep.pool_take([], storage_use_count) is None
+    for bad in ((tuple(sets), storage_use_count),  # not a list
+                ([one[:5]], storage_use_count),  # a field short
+                ([list(one)], storage_use_count),  # not a tuple
+                ([one._replace(baseline=base[:-1])], storage_use_count),  # not this set's baseline
+                ([one._replace(baseline=('1',) * len(base))], storage_use_count),
+                ([one._replace(places=((0, 'x'), None, (1, 0)))], storage_use_count),  # an offset not an int
+                ([one._replace(places=((2, 0), None, (1, 0)))], storage_use_count),  # no storage 2
+                ([one._replace(places=((0,), None, (1, 0)))], storage_use_count),  # not (storage, offset)
+                ([one._replace(places=places[:2])], storage_use_count),  # a place per output
+                ([one._replace(cdatas=cdatas[:1])], storage_use_count),  # a cdata per storage
+                ([one], )):
         try:
-            probe(*bad)
+            _llep.pool_take(*bad)
         except (TypeError, ValueError):
             continue
-        raise AssertionError(f'pool_probe{bad!r}: no error')
+        raise AssertionError(f'pool_take{bad!r}: no error')
+    for bad in ((None, storages, cdatas, storage_use_count), (tensors, storages, cdatas[:1], storage_use_count),
+                (tensors, storages, cdatas)):
+        try:
+            _llep.pool_counts(*bad)
+        except TypeError:
+            continue
+        raise AssertionError(f'pool_counts{bad!r}: no error')
+    for fails in (lambda cdata: 1 / 0, ):
+        for call in (lambda: _llep.pool_counts(tensors, storages, cdatas, fails),
+                     lambda: _llep.pool_take(sets, fails)):
+            try:
+                call()
+            except ZeroDivisionError:
+                pass
+            else:
+                raise AssertionError('an error of a count read was not raised')
+    assert take() == [4352, 0, 8192], 'no reference left behind by the failed reads'
+    # OutputPool.take settling a moved version: written in place (layout kept) -> the baseline follows and the set is
+    # handed out; its layout changed in place -> the set is dropped and its room freed.
+    layouts = tuple(_output_pool._layout(t) for t in tensors)
+    pool = _output_pool.OutputPool(per_key=2, max_sets=3)
+    pool._sets['k'], pool._count = [one._replace(layouts=layouts)], 1
+    saved = _output_pool._storage_use_count
+    _output_pool._storage_use_count = storage_use_count
     try:
-        probe(tensors, storages, cdatas, lambda cdata: 1 / 0, None, None)
-    except ZeroDivisionError:
-        pass
-    else:
-        raise AssertionError('an error of a count read was not raised')
+        tensors[1]._version = 3
+        got = pool.take('k')
+        assert got is not None and got[1] == [4352, 0, 8192] and pool._sets['k'][0].baseline[5] == 3, 'mul_ settled'
+        del got
+        tensors[0]._version, tensors[0].shape = 1, (1, 4)
+        assert pool.take('k') is None and len(pool) == 0 and pool._sets['k'] == [], 'unsqueeze_ settled: dropped'
+    finally:
+        _output_pool._storage_use_count = saved
 
 
 def test_pool_alone():
@@ -372,7 +440,7 @@ if __name__ == '__main__':
     ap.add_argument('--device', default='cpu', choices=('cpu', 'cuda'))
     args = ap.parse_args()
     test_one_block()
-    test_pool_probe_native()
+    test_pool_native()
     test_pool_alone()
     _run(args.device)
     print(f'test_output_pool: PASS ({args.device}, pool {"on" if _output_pool.AVAILABLE else "off: torch lacks the counters"})')
