@@ -23,6 +23,7 @@ def main():
     args = ap.parse_args()
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)
     buf = llep.Buffer(dist.group.WORLD, low_latency_mode=True, explicitly_destroy=True)
+    buf.backend = 'cpu'  # also where CUDA is there (a GPU machine's host)
     x = torch.randn(T, H).to(torch.bfloat16)
     topk = torch.topk(torch.rand(T, E), K, dim=-1).indices
     w = torch.rand(T, K)

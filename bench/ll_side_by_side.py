@@ -30,8 +30,8 @@ Ratios llep / DeepEP are printed per column. The systems are measured one after 
 measured first stays allocated, idle, for the paired phase), so the host-inclusive columns (eager, cpu) also carry
 whatever the host did meanwhile: this benchmark's hosts switch between speed modes within a run. With both systems a
 paired phase follows (both buffers alive, the two systems' calls alternating every iteration, the order swapped each
-time): eager and cpu.d / cpu.c again, each cell with the median over iterations of the per-iteration ratio llep /
-DeepEP, which such drift hits on both sides. Each T runs with num_max_dispatch_tokens_per_rank = T when DeepEP
+time): eager, graph (each system's graph of one round trip captured there) and cpu.d / cpu.c again, each cell with
+the median over iterations of the per-iteration ratio llep / DeepEP, which such drift hits on both sides. Each T runs with num_max_dispatch_tokens_per_rank = T when DeepEP
 accepts it (it needs R * T_max % 4 == 0), else the next T_max that it accepts, for both systems; the refusal is
 reported. Before timing, both systems pass a correctness gate at that T (BF16 dispatch, identity experts:
 combine must return sum_k w[t, k] * x[t] over the valid slots; recv_count must equal the routed counts), so a
@@ -112,8 +112,8 @@ def _eager_times(fn, iters):
     return statistics.median(_eager_samples({'': fn}, iters, lambda i: ('',))[''])
 
 
-def _graph_time(round_trip, n, iters):
-    """_eager_times of one replay of a CUDA graph holding n round trips (warmed up on the capture stream first)."""
+def _captured(round_trip, n):
+    """A CUDA graph holding n round trips (warmed up on the capture stream first), replayed 10 times."""
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -127,6 +127,12 @@ def _graph_time(round_trip, n, iters):
     settle()
     for _ in range(10):
         g.replay()
+    return g
+
+
+def _graph_time(round_trip, n, iters):
+    """_eager_times of one replay of a CUDA graph holding n round trips (_captured)."""
+    g = _captured(round_trip, n)
     t = _eager_times(g.replay, iters)
     del g
     return t
@@ -310,8 +316,9 @@ def _measure(sysm, rank, R, T, T_max, dev, iters):
 
 
 def _paired_host(objs, rank, R, T, T_max, dev, iters):
-    """The paired phase (module doc): {name: {'eager_p': µs, 'cpu_d_p': µs, 'cpu_c_p': µs}} medians and
-    {'eager_p': r, 'cpu_d_p': r, 'cpu_c_p': r}, the medians of the per-iteration ratios llep / DeepEP."""
+    """The paired phase (module doc): {name: {column: µs}} medians and {column: r}, the medians of the per-iteration
+    ratios llep / DeepEP, for the columns PAIRED: the eager round trip, one replay of a graph of one round trip (each
+    system's captured here, both alive), host CPU per dispatch and per combine."""
     inputs = _round_trip_inputs(rank, R, T, T_max, dev)
     names = ('llep', 'deepep')
     calls = {name: _calls(objs[name], inputs, T_max) for name in names}
@@ -326,12 +333,14 @@ def _paired_host(objs, rank, R, T, T_max, dev, iters):
 
     eager = _eager_samples({n: (lambda d=d, c=c: c(d())) for n, (d, c) in calls.items()}, iters, order)
     cpu = _cpu_samples(calls, iters, order)
-    cpu_d = {n: v[0] for n, v in cpu.items()}
-    cpu_c = {n: v[1] for n, v in cpu.items()}
+    graphs = {n: _captured(lambda d=d, c=c: c(d()), 1) for n, (d, c) in calls.items()}
+    graph = _eager_samples({n: g.replay for n, g in graphs.items()}, iters, order)
+    del graphs
+    samples = {'eager_p': eager, 'graph_p': graph, 'cpu_d_p': {n: v[0] for n, v in cpu.items()},
+               'cpu_c_p': {n: v[1] for n, v in cpu.items()}}
     med = statistics.median
-    per = {n: {'eager_p': med(eager[n]), 'cpu_d_p': med(cpu_d[n]), 'cpu_c_p': med(cpu_c[n])} for n in names}
-    ratio = {col: med(a / b for a, b in zip(v['llep'], v['deepep']))
-             for col, v in (('eager_p', eager), ('cpu_d_p', cpu_d), ('cpu_c_p', cpu_c))}
+    per = {n: {col: med(v[n]) for col, v in samples.items()} for n in names}
+    ratio = {col: med(a / b for a, b in zip(v['llep'], v['deepep'])) for col, v in samples.items()}
     return per, ratio
 
 
@@ -474,13 +483,13 @@ def _report(R, ngpu, dev, iters, rows, notes, json_path):
     print(f'wrote {json_path} and {png}')
 
 
-PAIRED = ('eager_p', 'cpu_d_p', 'cpu_c_p')
+PAIRED = ('eager_p', 'graph_p', 'cpu_d_p', 'cpu_c_p')
 
 
 def _report_paired(iters, rows, json_path):
     """The paired phase's table (module doc), and its numbers added to the JSON _report wrote."""
-    print(f'\npaired host columns: both buffers alive, the calls alternating every iteration; cells llep / DeepEP µs '
-          f'(medians of {iters}) and the median of the per-iteration ratios, max over ranks')
+    print(f'\npaired host-inclusive columns: both buffers alive, the calls alternating every iteration; cells llep / '
+          f'DeepEP µs (medians of {iters}) and the median of the per-iteration ratios, max over ranks')
     print(f'{"T":>4} {"Tmax":>4} | ' + ' '.join(f'{c:>17}' for c in PAIRED))
     for r in rows:
         cells = [f'{r[f"llep_{c}"]:>6.1f}/{r[f"deepep_{c}"]:>5.1f} {r[f"ratio_{c}"]:>4.2f}' for c in PAIRED]

@@ -7,7 +7,7 @@
       interleaved call, DeepEP beside every run, so the machine's drift shows in its column.
   sbs_tables.py ratios FILE [FILE ...]
       per T the range over the files of llep / DeepEP per column, each ratio taken within one run (the README's
-      table): kernels, hook send and receive, the paired eager round trip, one graph replay, graph16 (with both
+      table): kernels, hook send and receive, the paired eager round trip, one graph replay (paired), graph16 (with both
       systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired), and the cold hook
       receives (h_drc / h_crc) where the files have them.
   sbs_tables.py settled FILE [FILE ...]  |  sbs_tables.py settled --variant DIR VARIANT
@@ -79,7 +79,7 @@ def ratios(paths):
     per_token = _per_token(paths)
     first = per_token[0][0] if per_token else None
     lines = ['| T | dispatch kernel | combine kernel | hook dispatch send / receive | hook combine send / receive | '
-             'eager round trip (paired) | one graph replay | graph16 | host CPU dispatch / combine (paired) |',
+             'eager round trip (paired) | one graph replay (paired) | graph16 | host CPU dispatch / combine (paired) |',
              '|---' * 9 + '|']
     # The cold receives (h_drc / h_crc, L2 evicted between send and receive) as a last column when the files have them.
     cold = _has(per_token, 'h_drc')
@@ -96,8 +96,12 @@ def ratios(paths):
 
         d_recv = rr('h_dr') + (f' ({us("h_dr")})' if t == first else '')
         g16 = rr('graph16') + (f' ({us("graph16")})' if t == first else '')
+        # One replay, paired (the systems' replays alternating, ratio per iteration) in files that have it; the
+        # unpaired column of older files, marked, whose systems ran minutes apart in the host's drifting speed modes.
+        one_replay = (span([r.get('ratio_graph_p') for r in rs], 2) if any('ratio_graph_p' in r for r in rs)
+                      else rr('graph') + ' (unpaired)')
         cells = [rr('k_disp'), rr('k_comb'), f'{rr("h_ds")}, {d_recv}', f'{rr("h_cs")}, {rr("h_cr")}',
-                 span([r.get('ratio_eager_p') for r in rs], 2), rr('graph'), g16,
+                 span([r.get('ratio_eager_p') for r in rs], 2), one_replay, g16,
                  f'{span([r.get("ratio_cpu_d_p") for r in rs], 2)}, {span([r.get("ratio_cpu_c_p") for r in rs], 2)}']
         if cold:
             cells.append(f'{rr("h_drc")}, {rr("h_crc")}')

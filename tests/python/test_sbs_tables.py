@@ -8,9 +8,9 @@ import sys
 BENCH = os.path.join(os.path.dirname(__file__), '..', '..', 'bench', 'sbs_tables.py')
 
 
-def _run_file(path, scale, deepep, cold=False):
+def _run_file(path, scale, deepep, cold=False, graph_p=False):
     """A run with T in {1, 8}: llep's µs = scale * base, DeepEP's fixed; paired ratios given; cold: with h_drc / h_crc
-    (ll_side_by_side.py since session 55)."""
+    (ll_side_by_side.py since session 55); graph_p: with the paired one-replay ratio (since session 64)."""
     rows = []
     for t, base in ((1, 10.0), (8, 20.0)):
         r = {'T': t, 'T_max': t, 'deepep_refuses_T': False}
@@ -19,6 +19,8 @@ def _run_file(path, scale, deepep, cold=False):
             r[f'llep_{c}'] = scale * base
             r[f'deepep_{c}'] = deepep * base
         r.update(ratio_eager_p=0.6 * scale, ratio_cpu_d_p=0.4 * scale, ratio_cpu_c_p=0.5 * scale)
+        if graph_p:
+            r['ratio_graph_p'] = 0.7 * scale
         rows.append(r)
     with open(path, 'w') as f:
         json.dump({'rows': rows}, f)
@@ -54,6 +56,7 @@ def test_ratios_within_each_run(tmp_path):
     assert t1[0] == '| 1' and t1[1] == '0.50–0.55' and t1[2] == '0.50–0.55'
     assert t1[3] == '0.50–0.55, 0.50–0.55 (10.0–11.0 vs 20.0 µs)'
     assert t1[5] == '0.60–0.66'
+    assert t1[6] == '0.50–0.55 (unpaired)', 'files without the paired replay: the unpaired column, marked'
     assert t1[8] == '0.40–0.44, 0.50–0.55 |'
     assert t8[3] == '0.50–0.55, 0.50–0.55'  # µs shown at the first T only
 
@@ -102,3 +105,12 @@ def test_ratios_add_the_cold_receives_as_a_last_column_when_a_file_has_them(tmp_
     plain = subprocess.run([sys.executable, BENCH, 'ratios', str(tmp_path / 'b.json')], capture_output=True, text=True,
                            check=True).stdout.splitlines()
     assert 'cold' not in plain[0] and len(plain[2].split(' | ')) == 9
+
+
+def test_ratios_take_the_paired_one_replay_when_a_file_has_it(tmp_path):
+    _run_file(tmp_path / 'a.json', 1.0, 2.0, graph_p=True)
+    _run_file(tmp_path / 'b.json', 1.1, 2.0, graph_p=True)
+    out = subprocess.run([sys.executable, BENCH, 'ratios', str(tmp_path / 'a.json'), str(tmp_path / 'b.json')],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert 'one graph replay (paired)' in out[0]
+    assert out[2].split(' | ')[6] == '0.70–0.77', 'the per-iteration ratios of the paired phase, not graph / graph'
