@@ -123,7 +123,8 @@ absl::StatusOr<GpuPendingOp> GpuBuffer::Send(GpuPendingOp op, bool split, cudaSt
   op.recv_ctas = !split ? num_ctas_
                         : kernels::cuda::ReceiveOnlyCtas(
                               num_ctas_, layout_.shape.num_ranks, combine ? op.combine.num_topk : op.dispatch.num_topk,
-                              combine ? op.combine.num_tokens : op.dispatch.num_tokens, layout_.shape.hidden, combine);
+                              combine ? op.combine.num_tokens : op.dispatch.num_tokens, layout_.shape.hidden, combine,
+                              !combine && op.dispatch.mode.use_fp8);
   if (combine) {
     op.combine.split = kernels::cuda::PlanCombineRecvSplit(layout_.shape.hidden, op.combine.num_tokens, op.recv_ctas);
   }

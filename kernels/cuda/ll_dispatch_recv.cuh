@@ -24,10 +24,6 @@ __host__ __device__ int64_t DispatchRecvSharedBytes(const protocol::LlShape& s) 
   return DispatchRecvWordsOffset(s) + int64_t{16} * s.num_experts;
 }
 
-/// 16-byte registers per lane a dispatch receive's copy holds (a segment's 512-byte slices; 8 KiB per warp would be
-/// kCopyRegs): half of them, so the kernel has the registers for the receive's row resolution without spilling.
-constexpr int kRecvCopyRegs = 8;
-
 /// FP8: a lane's scale word of the payload slices [q0, q0 + nq) (512 channels each, nq <= 8): the fp32 scale_inv of
 /// group w = 4 q0 + lane, or for packed UE8M0 word w = q0 + lane (the exponents of groups 4w .. 4w + 3). `per_row` is
 /// the words per local expert and row of recv_scales (H/128 or H/512); w < 0 for a lane without a word.
@@ -229,7 +225,7 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // bins the metrics (BinningCta) before their first item could start; after a send phase CTA G-2 publishes rank 0's
   // signal instead and starts its receive last (FirstPublishedDst).
   const int G_items = G >= 4 ? G - 2 : G;
-  const int lg0 = CeilLog2(static_cast<uint32_t>((slices + kRecvCopyRegs - 1) / kRecvCopyRegs));
+  const int lg0 = DispatchRecvMinSplitLog2(slices);
   const int lg = SplitLog2(total, G_items, lg0, FloorLog2(static_cast<uint32_t>(slices)));
   const int items = total << lg;
   // With at most one item per CTA (T <= 32 at EP2) 2^lw = 4 of the CTA's warps share its item: each loads and checks

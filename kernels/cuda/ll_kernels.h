@@ -301,6 +301,16 @@ LLEP_HD int SplitLog2(int total, int budget, int lo, int cap) {
   return lg > lo ? lg : lo;
 }
 
+/// 16-byte registers per lane a dispatch receive's copy holds (a segment's 512-byte slices; 8 KiB per warp would be
+/// kCopyRegs): half of them, so the kernel has the registers for the receive's row resolution without spilling.
+inline constexpr int kRecvCopyRegs = 8;
+/// log2 of the fewest segments a dispatch receive splits a message's payload of `slices` 512-byte slices into (FP8: H
+/// bytes, BF16: 2H): each at most kRecvCopyRegs slices (one copy pass), a power of two. DispatchRecv splits further
+/// while the items fit its CTAs (SplitLog2); ReceiveOnlyCtas sizes a hook's receive grid by these items.
+LLEP_HD int DispatchRecvMinSplitLog2(int slices) {
+  return CeilLog2(static_cast<uint32_t>((slices + kRecvCopyRegs - 1) / kRecvCopyRegs));
+}
+
 /// How a combine receive deals its tokens to CTAs, from (hidden, num_tokens, CTAs): PlanCombineRecvSplit on the host,
 /// once per call, so the receive divides by multiplying (fast_div.h) instead of running five runtime integer divisions
 /// from a cold instruction cache in every CTA. A token's 256-channel chunks are split over `segs` CTAs when there are
@@ -377,14 +387,27 @@ inline int CombineRecvSegsPerToken(int hidden) { return (CombineRecvChunks(hidde
 /// the grid stays whole (T >= 128). Half up to 128 messages, not 64 (session 51, EP4 T=32, 128 messages): settled
 /// dispatch receive 5.1 us against 5.3-5.9 on the whole grid, combine 5.6-5.7 against 6.0-6.2.
 /// The work is estimated from this rank's call: its messages, min(R, top-k) per token (in decode its peers send about
-/// as many; a peer sending more only makes this receive slower, never wrong); a combine receive also keeps its tokens'
-/// chunk split (CombineRecvSegsPerToken CTAs a token) and two tokenless CTAs for the count check and the metrics
-/// binning. At least 4 CTAs (the dispatch receive's handle and binning CTAs apart from its items), at most num_ctas.
+/// as many; a peer sending more only makes this receive slower, never wrong); a dispatch receive's items (`fp8`: its
+/// payload's size) take the whole grid where that gives each its own CTA and half would not (below); a combine
+/// receive also keeps its tokens' chunk split (CombineRecvSegsPerToken CTAs a token) and two tokenless CTAs for the
+/// count check and the metrics binning. At least 4 CTAs (the dispatch receive's handle and binning CTAs apart from its
+/// items), at most num_ctas.
 /// The kernels keep the per-CTA launch counts of the whole grid (TakeReceiveCall), so launches of any grids may follow
 /// each other. GpuBuffer decides it once per operation, when it sends (GpuPendingOp::recv_ctas).
-inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_tokens, int hidden, bool combine) {
+inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_tokens, int hidden, bool combine,
+                           bool fp8) {
   const int64_t messages = int64_t{num_ranks < num_topk ? num_ranks : num_topk} * num_tokens;
   int64_t g = messages <= 4 ? num_ctas / 4 : messages <= 128 ? num_ctas / 2 : num_ctas;
+  if (!combine && messages > 4 && messages <= 128) {
+    // A dispatch receive's items, its messages in their fewest segments (DispatchRecvMinSplitLog2), that overflow half
+    // the grid but fit the whole one (less its handle and binning CTAs) take the whole one: an item per CTA, 4 warps
+    // sharing its rows, instead of two or more items per CTA one warp each. Settled dispatch receive at 2 ranks, T = 32
+    // (FP8: 128 items): 0.96-0.97x, 4.8 -> 4.6 us, L2 cold 0.96-0.98x, three rounds on one H200 (bench/RESULTS.md
+    // session 64; 4 warps per item on half the grid measured 0.99-1.00x). Half again above the whole grid's items
+    // (session 51: EP4 T = 32, 256 items).
+    const int64_t items = messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
+    if (items > num_ctas / 2 - 2 && items <= num_ctas - 2) g = num_ctas;
+  }
   if (combine) {
     const int64_t busy = (int64_t{num_tokens} + 2) * CombineRecvSegsPerToken(hidden);
     if (g < busy) g = busy;

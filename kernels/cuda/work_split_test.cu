@@ -125,37 +125,60 @@ TEST(SplitLog2, EqualsTheDoublingLoop) {
 }
 
 // The receive-only grid: the measured choices at the decode shape (2 ranks, top-8, H = 7168, 132 SMs: a quarter of the
-// CTAs at T=1, half at T = 8-32, all at T=128; half at EP4 T=32); and for every shape and grid, within [min(4, G), G],
-// never smaller for more tokens, the whole grid above 128 messages, and a combine receive's split as fine as the whole
+// CTAs at T=1, half at T=8, the whole grid for an FP8 dispatch at T=32 (128 items: one per CTA, session 64), all at
+// T=128; half at EP4 T=32, 256 items, session 51); and for every shape and grid, within [min(4, G), G], the whole grid
+// above 128 messages, a dispatch receive on fewer CTAs only where each item still has its own CTA there or would not
+// on the whole grid either, a combine receive never smaller for more tokens, and its split as fine as the whole
 // grid's with its last two CTAs (count check, metrics binning) holding no token.
 TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, false), 33);
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 8, 7168, false), 66);
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, false), 66);
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, false), 132);
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, true), 33);
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, true), 68);  // 2 CTAs per token (28 chunks) and 2 tokenless
-  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, true), 132);
-  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 32, 7168, false), 66);  // EP4 T=32: 128 messages, half (session 51)
-  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 33, 7168, false), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, false, true), 33);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 8, 7168, false, true), 66);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 16, 7168, false, true), 66);  // 64 items: one per CTA on half the grid
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, false, true), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 8, 7168, false, false), 66);  // BF16: 64 items (4 segments a message)
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 16, 7168, false, false), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, false, false), 66);  // 256 items: not one each on the whole grid
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, false, true), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 1, 7168, true, false), 33);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, true, false), 68);  // 2 CTAs per token (28 chunks) and 2 tokenless
+  EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, true, false), 132);
+  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 16, 7168, false, true), 132);  // EP4 T=16: 128 items, as EP2 T=32
+  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 32, 7168, false, true), 66);  // EP4 T=32: 128 messages, half (session 51)
+  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 33, 7168, false, true), 132);
   for (int G : {1, 2, 3, 4, 5, 16, 33, 64, 78, 132}) {
     for (int R : {1, 2, 4, 8, 9, 64}) {
       for (int K : {1, 8, 12, 16}) {
         for (int hidden : {128, 2048, 7168, 8192}) {
           for (const bool combine : {false, true}) {
-            int prev = 0;
-            for (int T : {0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 64, 65, 128, 129, 256}) {
-              const int g = ReceiveOnlyCtas(G, R, K, T, hidden, combine);
-              ASSERT_GE(g, std::min(G, 4)) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
-              ASSERT_LE(g, G);
-              ASSERT_GE(g, prev) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
-              prev = g;
-              if (int64_t{std::min(R, K)} * T > 128) ASSERT_EQ(g, G);
-              if (!combine || g == G) continue;
-              const CombineRecvSplit full = PlanCombineRecvSplit(hidden, T, G), sp = PlanCombineRecvSplit(hidden, T, g);
-              ASSERT_EQ(sp.segs.divisor, full.segs.divisor) << "G=" << G << " g=" << g << " T=" << T;
-              ASSERT_EQ(sp.ForCta(g - 1, T).num_tokens, 0) << "G=" << G << " g=" << g << " T=" << T;
-              ASSERT_EQ(sp.ForCta(g - 2, T).num_tokens, 0) << "G=" << G << " g=" << g << " T=" << T;
+            for (const bool fp8 : {false, true}) {
+              if (combine && fp8) continue;  // a combine has no FP8 payload
+              int prev = 0;
+              for (int T : {0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 64, 65, 128, 129, 256}) {
+                const int g = ReceiveOnlyCtas(G, R, K, T, hidden, combine, fp8);
+                ASSERT_GE(g, std::min(G, 4)) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
+                ASSERT_LE(g, G);
+                const int64_t messages = int64_t{std::min(R, K)} * T;
+                if (messages > 128) ASSERT_EQ(g, G);
+                if (!combine) {
+                  // Fewer CTAs than the grid: each item has its own CTA there (less the handle's and binning CTAs), or
+                  // the whole grid would not give it one either (or a small T: at most 4 messages, a quarter).
+                  const int64_t items =
+                      messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
+                  if (g < G && messages > 4) {
+                    ASSERT_TRUE(items <= g - 2 || items > G - 2)
+                        << "G=" << G << " g=" << g << " R=" << R << " K=" << K << " T=" << T << " fp8=" << fp8;
+                  }
+                  continue;
+                }
+                ASSERT_GE(g, prev) << "G=" << G << " R=" << R << " K=" << K << " T=" << T;
+                prev = g;
+                if (g == G) continue;
+                const CombineRecvSplit full = PlanCombineRecvSplit(hidden, T, G),
+                                       sp = PlanCombineRecvSplit(hidden, T, g);
+                ASSERT_EQ(sp.segs.divisor, full.segs.divisor) << "G=" << G << " g=" << g << " T=" << T;
+                ASSERT_EQ(sp.ForCta(g - 1, T).num_tokens, 0) << "G=" << G << " g=" << g << " T=" << T;
+                ASSERT_EQ(sp.ForCta(g - 2, T).num_tokens, 0) << "G=" << G << " g=" << g << " T=" << T;
+              }
             }
           }
         }
