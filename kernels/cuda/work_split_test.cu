@@ -143,7 +143,7 @@ TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 32, 7168, true, false), 68);  // 2 CTAs per token (28 chunks) and 2 tokenless
   EXPECT_EQ(ReceiveOnlyCtas(132, 2, 8, 128, 7168, true, false), 132);
   EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 16, 7168, false, true), 132);  // EP4 T=16: 128 items, as EP2 T=32
-  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 32, 7168, false, true), 66);  // EP4 T=32: 128 messages, half (session 51)
+  EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 32, 7168, false, true), 66);   // EP4 T=32: 128 messages, half (session 51)
   EXPECT_EQ(ReceiveOnlyCtas(132, 4, 8, 33, 7168, false, true), 132);
   for (int G : {1, 2, 3, 4, 5, 16, 33, 64, 78, 132}) {
     for (int R : {1, 2, 4, 8, 9, 64}) {
@@ -162,8 +162,7 @@ TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
                 if (!combine) {
                   // Fewer CTAs than the grid: each item has its own CTA there (less the handle's and binning CTAs), or
                   // the whole grid would not give it one either (or a small T: at most 4 messages, a quarter).
-                  const int64_t items =
-                      messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
+                  const int64_t items = messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
                   if (g < G && messages > 4) {
                     ASSERT_TRUE(items <= g - 2 || items > G - 2)
                         << "G=" << G << " g=" << g << " R=" << R << " K=" << K << " T=" << T << " fp8=" << fp8;

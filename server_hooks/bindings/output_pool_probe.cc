@@ -111,8 +111,12 @@ bool ViewSet(PyObject* rec, SetView* v) {
             PyTuple_Check(v->baseline) && PyTuple_Check(v->places) &&
             PyTuple_GET_SIZE(v->places) == PyTuple_GET_SIZE(v->outputs) &&
             PyTuple_GET_SIZE(v->baseline) == 3 * PyTuple_GET_SIZE(v->live) + 2 * PyTuple_GET_SIZE(v->storages);
-  for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(v->baseline); ++k) ok = PyLong_Check(PyTuple_GET_ITEM(v->baseline, k));
-  if (!ok) PyErr_SetString(PyExc_ValueError, "pool_take: a set's fields are not the pool's (or its baseline not its own)");
+  for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(v->baseline); ++k) {
+    ok = PyLong_Check(PyTuple_GET_ITEM(v->baseline, k));
+  }
+  if (!ok) {
+    PyErr_SetString(PyExc_ValueError, "pool_take: a set's fields are not the pool's (or its baseline not its own)");
+  }
   return ok;
 }
 

@@ -51,9 +51,19 @@ class _FakeSystem:
         return None, None, None
 
 
+class _FakeGraph:
+    """A captured graph of one round trip: replaying it runs the round trip (its host time on _Clock)."""
+
+    def __init__(self, round_trip, n):
+        assert n == 1, 'the paired phase captures one round trip per graph'
+        self.replay = round_trip
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """CUDA events, synchronisation, the GPU sleep, the ranks' barrier and the host clock, all on _Clock."""
+    """CUDA events, synchronisation, the GPU sleep, the ranks' barrier, the host clock (all on _Clock) and graph
+    capture."""
+    monkeypatch.setattr(sbs, '_captured', _FakeGraph)
     monkeypatch.setattr(torch.cuda, 'Event', _Event)
     monkeypatch.setattr(torch.cuda, 'synchronize', lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, '_sleep', lambda *a, **k: None)
@@ -67,14 +77,15 @@ def test_paired_phase_alternates_the_systems_and_takes_per_iteration_ratios(fake
     iters = 60
     per, ratio = sbs._paired_host(objs, 0, 2, 2, 4, torch.device('cpu'), iters)
 
-    assert objs['llep'].n == objs['deepep'].n == 20 + 2 * iters  # warm-up, eager, cpu
+    assert objs['llep'].n == objs['deepep'].n == 20 + 3 * iters  # warm-up, eager, cpu, one graph replay
     measured = calls[2 * 20:]
-    for i in range(2 * iters):  # eager iterations, then cpu iterations: the order swaps every iteration
+    for i in range(3 * iters):  # eager, cpu, then replay iterations: the order swaps every iteration
         pair = measured[2 * i:2 * i + 2]
         assert pair == (['llep', 'deepep'] if (i % iters) % 2 == 0 else ['deepep', 'llep']), (i, pair)
 
     (ld, lc), (dd, dc) = COST_US['llep'], COST_US['deepep']
     assert ratio['eager_p'] == pytest.approx((ld + lc) / (dd + dc))
+    assert ratio['graph_p'] == pytest.approx((ld + lc) / (dd + dc))
     assert ratio['cpu_d_p'] == pytest.approx(ld / dd)
     assert ratio['cpu_c_p'] == pytest.approx(lc / dc)
     # The per-system medians see both speeds; the cells print them beside the ratio.
@@ -86,11 +97,12 @@ def test_paired_report_prints_every_row_and_adds_the_cells_to_the_json(tmp_path,
     path = tmp_path / 'sbs.json'
     path.write_text('{"rows": [], "ranks": 2}')
     rows = [{'T': T, 'T_max': T, 'llep_eager_p': 20.0, 'deepep_eager_p': 40.0, 'ratio_eager_p': 0.5,
+             'llep_graph_p': 15.0, 'deepep_graph_p': 20.0, 'ratio_graph_p': 0.75,
              'llep_cpu_d_p': 30.0, 'deepep_cpu_d_p': 60.0, 'ratio_cpu_d_p': 0.5, 'llep_cpu_c_p': 10.0,
              'deepep_cpu_c_p': 40.0, 'ratio_cpu_c_p': 0.25} for T in (8, 32)]
     sbs._report_paired(200, rows, str(path))
     out = capsys.readouterr().out
-    assert out.count('  20.0/ 40.0 0.50') == 2 and '  10.0/ 40.0 0.25' in out
+    assert out.count('  20.0/ 40.0 0.50') == 2 and '  10.0/ 40.0 0.25' in out and out.count('  15.0/ 20.0 0.75') == 2
     import json
     data = json.loads(path.read_text())
     assert data['ranks'] == 2 and data['rows'] == rows
