@@ -31,11 +31,11 @@ measured first stays allocated, idle, for the paired phase), so the host-inclusi
 whatever the host did meanwhile: this benchmark's hosts switch between speed modes within a run. With both systems a
 paired phase follows (both buffers alive, the two systems' calls alternating every iteration, the order swapped each
 time): eager, graph (each system's graph of one round trip captured there) and cpu.d / cpu.c again, each cell with
-the median over iterations of the per-iteration ratio llep / DeepEP, which such drift hits on both sides. Each T runs with num_max_dispatch_tokens_per_rank = T when DeepEP
-accepts it (it needs R * T_max % 4 == 0), else the next T_max that it accepts, for both systems; the refusal is
-reported. Before timing, both systems pass a correctness gate at that T (BF16 dispatch, identity experts:
-combine must return sum_k w[t, k] * x[t] over the valid slots; recv_count must equal the routed counts), so a
-broken kernel cannot produce a fast number.
+the median over iterations of the per-iteration ratio llep / DeepEP, which such drift hits on both sides. Each T
+runs with num_max_dispatch_tokens_per_rank = T when DeepEP accepts it (it needs R * T_max % 4 == 0), else the next
+T_max that it accepts, for both systems; the refusal is reported. Before timing, both systems pass a correctness
+gate at that T (BF16 dispatch, identity experts: combine must return sum_k w[t, k] * x[t] over the valid slots;
+recv_count must equal the routed counts), so a broken kernel cannot produce a fast number.
 
 Placement: where the buffers and outputs land in device memory moves a small-T launch with its code unchanged
 (bench/RESULTS.md session 54: the settled dispatch receive at T = 8 / 32 0.93-0.95x / 1.02-1.11x of its time with 2-20

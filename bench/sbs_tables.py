@@ -7,9 +7,9 @@
       interleaved call, DeepEP beside every run, so the machine's drift shows in its column.
   sbs_tables.py ratios FILE [FILE ...]
       per T the range over the files of llep / DeepEP per column, each ratio taken within one run (the README's
-      table): kernels, hook send and receive, the paired eager round trip, one graph replay (paired), graph16 (with both
-      systems' µs at T=1 and the hook dispatch receive's), host CPU per dispatch / combine (paired), and the cold hook
-      receives (h_drc / h_crc) where the files have them.
+      table): kernels, hook send and receive, the paired eager round trip, one graph replay (paired; the unpaired
+      column, marked, for files without it), graph16 (with both systems' µs at T=1 and the hook dispatch receive's),
+      host CPU per dispatch / combine (paired), and the cold hook receives (h_drc / h_crc) where the files have them.
   sbs_tables.py settled FILE [FILE ...]  |  sbs_tables.py settled --variant DIR VARIANT
       per T the settled hook receives (h_drs / h_crs: launched once every rank's send finished, the receive launch's
       own cost; and h_drc / h_crc, the same with the caches evicted first, where the files have them), both systems'

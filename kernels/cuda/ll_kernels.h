@@ -401,10 +401,10 @@ inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_to
   if (!combine && messages > 4 && messages <= 128) {
     // A dispatch receive's items, its messages in their fewest segments (DispatchRecvMinSplitLog2), that overflow half
     // the grid but fit the whole one (less its handle and binning CTAs) take the whole one: an item per CTA, 4 warps
-    // sharing its rows, instead of two or more items per CTA one warp each. Settled dispatch receive at 2 ranks, T = 32
-    // (FP8: 128 items): 0.96-0.97x, 4.8 -> 4.6 us, L2 cold 0.96-0.98x, three rounds on one H200 (bench/RESULTS.md
-    // session 64; 4 warps per item on half the grid measured 0.99-1.00x). Half again above the whole grid's items
-    // (session 51: EP4 T = 32, 256 items).
+    // sharing its rows, instead of two or more items per CTA one warp each. Settled dispatch receive at T = 32 (FP8:
+    // 128 items), 2 ranks sharing one H200 (the kernel alone there): 0.96-0.97x, 4.8 -> 4.6 us, L2 cold 0.96-0.98x,
+    // three rounds (bench/RESULTS.md session 64; 4 warps per item on half the grid measured 0.99-1.00x). Half again
+    // above the whole grid's items (session 51: EP4 T = 32, 256 items).
     const int64_t items = messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
     if (items > num_ctas / 2 - 2 && items <= num_ctas - 2) g = num_ctas;
   }
