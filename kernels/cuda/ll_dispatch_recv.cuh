@@ -216,7 +216,7 @@ __device__ __forceinline__ bool DispatchRecv(const DispatchParams& p, CallGate& 
   // arithmetic is two instructions for one on a path the small-T receive runs once, cold.
   static_assert(int64_t{2} * protocol::kMaxHidden + 511 <= INT32_MAX, "a payload's byte offsets fit 32 bits");
   const int bytes = fp8 ? H : 2 * H;
-  const int slices = (bytes + 511) >> 9;
+  const int slices = DispatchRecvSlices(H, fp8);
   // 2^lg segments per message: the fewest with at most kRecvCopyRegs slices each (one copy pass, its loads issued
   // with the header's), doubled while they stay within the slices and one item per CTA (SplitLog2). A power of two, so
   // an item splits into (message, segment) and a segment into slices by shifts: the runtime divisions did that in ~100

@@ -304,9 +304,12 @@ LLEP_HD int SplitLog2(int total, int budget, int lo, int cap) {
 /// 16-byte registers per lane a dispatch receive's copy holds (a segment's 512-byte slices; 8 KiB per warp would be
 /// kCopyRegs): half of them, so the kernel has the registers for the receive's row resolution without spilling.
 inline constexpr int kRecvCopyRegs = 8;
-/// log2 of the fewest segments a dispatch receive splits a message's payload of `slices` 512-byte slices into (FP8: H
-/// bytes, BF16: 2H): each at most kRecvCopyRegs slices (one copy pass), a power of two. DispatchRecv splits further
-/// while the items fit its CTAs (SplitLog2); ReceiveOnlyCtas sizes a hook's receive grid by these items.
+/// 512-byte slices of a dispatch receive's row copy: the payload's channel bytes (FP8: H, its scales stored apart;
+/// BF16: 2H).
+LLEP_HD int DispatchRecvSlices(int hidden, bool fp8) { return ((fp8 ? hidden : 2 * hidden) + 511) >> 9; }
+/// log2 of the fewest segments a dispatch receive splits a message's `slices` (DispatchRecvSlices) into: each at most
+/// kRecvCopyRegs slices (one copy pass), a power of two. DispatchRecv splits further while the items fit its CTAs
+/// (SplitLog2); ReceiveOnlyCtas sizes a hook's receive grid by these items.
 LLEP_HD int DispatchRecvMinSplitLog2(int slices) {
   return CeilLog2(static_cast<uint32_t>((slices + kRecvCopyRegs - 1) / kRecvCopyRegs));
 }
@@ -405,7 +408,7 @@ inline int ReceiveOnlyCtas(int num_ctas, int num_ranks, int num_topk, int num_to
     // 128 items), 2 ranks sharing one H200 (the kernel alone there): 0.96-0.97x, 4.8 -> 4.6 us, L2 cold 0.96-0.98x,
     // three rounds (bench/RESULTS.md session 64; 4 warps per item on half the grid measured 0.99-1.00x). Half again
     // above the whole grid's items (session 51: EP4 T = 32, 256 items).
-    const int64_t items = messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
+    const int64_t items = messages << DispatchRecvMinSplitLog2(DispatchRecvSlices(hidden, fp8));
     if (items > num_ctas / 2 - 2 && items <= num_ctas - 2) g = num_ctas;
   }
   if (combine) {

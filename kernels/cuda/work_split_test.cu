@@ -162,7 +162,7 @@ TEST(ReceiveOnlyCtas, MeasuredChoicesAndTheCombineSplitKept) {
                 if (!combine) {
                   // Fewer CTAs than the grid: each item has its own CTA there (less the handle's and binning CTAs), or
                   // the whole grid would not give it one either (or a small T: at most 4 messages, a quarter).
-                  const int64_t items = messages << DispatchRecvMinSplitLog2(((fp8 ? hidden : 2 * hidden) + 511) >> 9);
+                  const int64_t items = messages << DispatchRecvMinSplitLog2(DispatchRecvSlices(hidden, fp8));
                   if (g < G && messages > 4) {
                     ASSERT_TRUE(items <= g - 2 || items > G - 2)
                         << "G=" << G << " g=" << g << " R=" << R << " K=" << K << " T=" << T << " fp8=" << fp8;
